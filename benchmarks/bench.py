@@ -1,0 +1,144 @@
+"""`kiln bench`: eager vs torch.compile vs each Kiln mode on one model, side by side in one run.
+
+Every variant is compiled first (its first call timed as compile time), then all are timed in
+interleaved rounds so that a drift of the machine affects them alike. Error is the max
+absolute difference to eager, relative to eager's max magnitude.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .models import MODELS, SIZES
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Row:
+    variant: str
+    compile_s: Optional[float] = None
+    step_ms: Optional[float] = None
+    speedup: Optional[float] = None     # eager time / this time
+    max_rel_err: Optional[float] = None
+    graphs: Optional[int] = None
+    passes: Optional[dict] = None
+    error: Optional[str] = None
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _variants(module, modes: list[str], dynamic) -> dict[str, Callable]:
+    from .. import compiler as kiln
+
+    variants = {"eager": module, "torch.compile": torch.compile(module, dynamic=dynamic)}
+    for mode in modes:
+        variants[f"kiln {mode}"] = kiln.compile(module, mode=mode, dynamic=dynamic)
+    return variants
+
+
+def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype: str = "fp32", batch: int = 2,
+              modes=("fast", "balanced", "max"), rounds: int = 5, steps: int = 3, dynamic=None, log=print) -> dict:
+    from .. import compiler as kiln
+
+    spec = MODELS[model]
+    module = spec.build(size, dtype=DTYPES[dtype], device=device)
+    args, kwargs = spec.inputs(module, batch, device=device, dtype=DTYPES[dtype])
+    params = sum(p.numel() for p in module.parameters())
+    log(f"kiln bench: {spec.description}, {size} size ({params / 1e6:.1f}M parameters), {device} {dtype}, batch {batch}")
+    rows: dict[str, Row] = {}
+    calls: dict[str, Callable] = {}
+    with torch.inference_mode():
+        reference = None
+        for name, fn in _variants(module, list(modes), dynamic).items():
+            row = rows[name] = Row(name)
+            try:
+                _sync(device)
+                start = time.perf_counter()
+                out = fn(*args, **kwargs)[0]
+                _sync(device)
+                row.compile_s = time.perf_counter() - start
+                if reference is None:
+                    reference = out.float()
+                row.max_rel_err = ((out.float() - reference).abs().max() / reference.abs().max()).item()
+                if name.startswith("kiln"):
+                    info = kiln.stats(fn)
+                    row.graphs, row.passes = info.compile_count, {k: v for k, v in info.pass_counts.items() if v}
+                calls[name] = fn
+                log(f"  {name}: first call {row.compile_s:.1f}s")
+            except Exception as exc:  # noqa: BLE001  a failing variant is recorded, the rest still run
+                row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+                log(f"  {name}: FAILED {row.error}")
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(rounds):
+            for name, fn in calls.items():
+                fn(*args, **kwargs)  # warm
+                _sync(device)
+                start = time.perf_counter()
+                for _ in range(steps):
+                    fn(*args, **kwargs)
+                _sync(device)
+                times[name].append((time.perf_counter() - start) / steps * 1e3)
+    eager_ms = statistics.median(times["eager"]) if times.get("eager") else None
+    for name, samples in times.items():
+        rows[name].step_ms = statistics.median(samples)
+        if eager_ms:
+            rows[name].speedup = eager_ms / rows[name].step_ms
+        if rows[name].compile_s is not None and name != "eager":
+            rows[name].compile_s = max(rows[name].compile_s - (eager_ms or 0) / 1e3, 0.0)
+    return {
+        "model": model, "size": size, "device": device, "dtype": dtype, "batch": batch, "params": params,
+        "machine": {"torch": torch.__version__, "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+                    "threads": torch.get_num_threads(),
+                    "gpu": torch.cuda.get_device_name() if device == "cuda" else None},
+        "method": f"median of {rounds} interleaved rounds x {steps} steps, after one warm-up call per round",
+        "rows": [asdict(r) for r in rows.values()],
+    }
+
+
+def format_table(result: dict) -> str:
+    head = f"{'variant':<16}{'ms/step':>10}{'vs eager':>10}{'max rel err':>13}{'compile s':>11}  passes"
+    lines = [head, "-" * len(head)]
+    for r in result["rows"]:
+        if r["error"]:
+            lines.append(f"{r['variant']:<16}  FAILED: {r['error']}")
+            continue
+        passes = ", ".join(f"{k} x{v}" for k, v in (r["passes"] or {}).items())
+        lines.append(f"{r['variant']:<16}{r['step_ms']:>10.2f}{r['speedup']:>9.2f}x{r['max_rel_err']:>13.2e}"
+                     f"{(r['compile_s'] if r['variant'] != 'eager' else 0):>11.1f}  {passes}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=sorted(MODELS), default="sd15")
+    parser.add_argument("--size", choices=SIZES, default=None, help="default: 'cpu' on cpu, 'full' on cuda")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: fp32 on cpu, fp16 on cuda (bf16 for flux)")
+    parser.add_argument("--batch", type=int, default=2, help="batch the model sees (CFG doubles a batch of 1)")
+    parser.add_argument("--modes", default="fast,balanced,max", help="comma-separated Kiln modes")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    size = args.size or ("full" if args.device == "cuda" else "cpu")
+    dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
+    result = run_bench(args.model, size, args.device, dtype, args.batch, [m for m in args.modes.split(",") if m],
+                       args.rounds, args.steps, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 1 if any(r["error"] for r in result["rows"]) else 0

@@ -1,0 +1,54 @@
+"""The public API: `kiln.compile(module, ...)` and `kiln.stats(compiled)`. No ComfyUI here."""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import torch
+
+from . import compat
+from .backend import KilnBackend
+from .options import CompileOptions
+from .passes import Progress
+from .stats import KilnStats
+
+_STATS: "weakref.WeakKeyDictionary[torch.nn.Module, KilnStats]" = weakref.WeakKeyDictionary()
+
+
+class KilnUnavailable(RuntimeError):
+    """This environment cannot run Kiln's compiler (e.g. torch too old); the message says why."""
+
+
+def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[bool] = None,
+            cuda_graphs: bool = False, *, options: Optional[CompileOptions] = None,
+            progress: Optional[Progress] = None) -> torch.nn.Module:
+    """Compile a diffusion model (UNet or DiT) with Kiln's TorchDynamo backend.
+
+    Returns a module that behaves like `module` and compiles on its first call. `module` keeps
+    owning its weights: the compiled code reads them on every call, so in-place edits, LoRA
+    patches and new parameters of the same shape show up without a recompile.
+
+    Example:
+        >>> unet = kiln.compile(unet, mode="balanced")
+        >>> with torch.no_grad():
+        ...     noise_pred = unet(latents, t, encoder_hidden_states=context)
+        >>> print(kiln.stats(unet).summary())
+    """
+    problem = compat.torch_version_problem()
+    if problem:
+        raise KilnUnavailable(problem)
+    options = options or CompileOptions(mode=mode, dynamic=dynamic, cuda_graphs=cuda_graphs)
+    stats = KilnStats(options=options.as_dict())
+    forward = getattr(type(module).forward, "__code__", None)
+    backend = KilnBackend(options, stats, code=forward, progress=progress)
+    compiled = torch.compile(module, backend=backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
+    _STATS[compiled] = stats
+    return compiled
+
+
+def stats(compiled: torch.nn.Module) -> KilnStats:
+    """What Kiln did for a module returned by `kiln.compile`: graphs, recompiles and reasons, passes."""
+    try:
+        return _STATS[compiled]
+    except (KeyError, TypeError):
+        raise ValueError(f"{type(compiled).__name__} was not returned by kiln.compile") from None

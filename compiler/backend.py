@@ -1,0 +1,118 @@
+"""Kiln's TorchDynamo backend: rewrite the captured FX graph with Kiln's passes, then lower it.
+
+TorchDynamo calls `KilnBackend(gm, example_inputs)` once per captured graph (per shape
+specialisation or graph break). Parameters arrive as graph inputs, so the compiled code reads
+the module's live weights on every call: nothing is frozen into constants.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Optional
+
+import torch
+
+from . import compat
+from .options import CompileOptions
+from .passes import PASSES, PassContext, Progress, run_passes
+from .stats import GraphCompile, KilnStats
+
+log = logging.getLogger("kiln")
+
+
+def _graph_device(example_inputs) -> str:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return x.device.type
+    return "cpu"
+
+
+def _is_dynamic(gm: torch.fx.GraphModule) -> bool:
+    return any(isinstance(n.meta.get("example_value"), torch.SymInt) for n in gm.graph.nodes if n.op == "placeholder")
+
+
+def _user_input_shapes(gm: torch.fx.GraphModule) -> list[list]:
+    """Shapes of graph inputs that are not parameters or buffers (the activations)."""
+    shapes = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder" or "_parameters_" in node.name or "_buffers_" in node.name:
+            continue
+        val = node.meta.get("example_value")
+        if isinstance(val, torch.Tensor):
+            shapes.append([int(s) if isinstance(s, int) else str(s) for s in val.shape])
+    return shapes
+
+
+# ---- lowerings: mode -> how the rewritten graph becomes callable ----------------------------
+
+def _lower_fx(gm, example_inputs, options: CompileOptions, device: str):
+    if options.cuda_graphs and device == "cuda":
+        return compat.lookup_backend("cudagraphs")(gm, example_inputs), "fx + cudagraphs"
+    return gm.forward, "fx"
+
+
+def _lower_inductor(gm, example_inputs, options: CompileOptions, device: str, preset: Optional[str] = None):
+    config = compat.inductor_mode_options(preset) if preset else {}
+    config["triton.cudagraphs"] = bool(options.cuda_graphs and device == "cuda")
+    config.update(options.inductor)
+    with compat.inductor_config_patch(config):
+        compiled = compat.lookup_backend("inductor")(gm, example_inputs)
+    name = "inductor" + (f" {preset}" if preset else "") + (" + cudagraphs" if config["triton.cudagraphs"] else "")
+    return compiled, name
+
+
+LOWERINGS: dict[str, Callable] = {
+    "fast": _lower_fx,
+    "balanced": _lower_inductor,
+    "max": lambda gm, ex, o, d: _lower_inductor(gm, ex, o, d, preset="max-autotune-no-cudagraphs"),
+}
+
+
+class KilnBackend:
+    """A TorchDynamo backend bound to one model's options and stats.
+
+    `code` is the code object TorchDynamo compiles (the model's `forward`), used to read the
+    guard failure that caused a recompile.
+    """
+
+    def __init__(self, options: CompileOptions, stats: KilnStats, code=None, progress: Optional[Progress] = None):
+        self.options = options
+        self.stats = stats
+        self.code = code
+        self.progress = progress
+        # guard failures are recorded per code object, across every compile of it: count from here
+        self._failures_seen = len(compat.guard_failures(code)) if code is not None else 0
+        self._warned_cuda_graphs = False
+
+    def _reason(self) -> str:
+        failures = compat.guard_failures(self.code) if self.code is not None else []
+        new, self._failures_seen = failures[self._failures_seen:], len(failures)
+        if not self.stats.compiles:
+            return "first compile"
+        return f"recompile: {new[-1]}" if new else "another graph of the same call (graph break)"
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        start = time.perf_counter()
+        reason = self._reason()
+        device = _graph_device(example_inputs)
+        if self.options.cuda_graphs and device != "cuda" and not self._warned_cuda_graphs:
+            self._warned_cuda_graphs = True
+            log.warning("Kiln: cuda_graphs is on but the model runs on %s; CUDA graphs are not used", device)
+        from ..kernels import triton_available
+
+        ctx = PassContext(device_type=device, triton=triton_available() and device == "cuda",
+                          grad_enabled=torch.is_grad_enabled(), mode=self.options.mode)
+        total = len(PASSES) + 1
+        results = run_passes(gm, ctx, dict(self.options.passes), self.progress, total)
+        lowered, lowering = LOWERINGS[self.options.mode](gm, example_inputs, self.options, device)
+        if self.progress is not None:
+            self.progress(f"lowered by {lowering}", total, total)
+        record = GraphCompile(
+            index=len(self.stats.compiles), reason=reason, lowering=lowering,
+            input_shapes=_user_input_shapes(gm), nodes=len(gm.graph.nodes),
+            rewrites={r.name: r.rewrites for r in results}, skipped={r.name: r.skipped for r in results if r.skipped},
+            seconds=time.perf_counter() - start, dynamic=_is_dynamic(gm),
+        )
+        self.stats.compiles.append(record)
+        log.info("Kiln compiled %s", record.line())
+        return lowered

@@ -1,0 +1,60 @@
+"""Every private or version-dependent torch API Kiln touches, in one place.
+
+If a torch release moves one of these, this is the only file to change. Each helper says
+which torch versions it was checked against.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+
+MIN_TORCH = (2, 5)
+
+
+def torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def torch_version_problem() -> Optional[str]:
+    """Why this torch cannot run Kiln's compiler, or None. Checked: 2.5 - 2.14."""
+    if torch_version() < MIN_TORCH:
+        return (f"torch {torch.__version__} is older than {MIN_TORCH[0]}.{MIN_TORCH[1]}: Kiln's compiler needs "
+                "torch.library.custom_op and TorchDynamo's inlined nn.Module parameters; update torch")
+    return None
+
+
+def lookup_backend(name: str) -> Callable:
+    """A registered TorchDynamo backend by name ("inductor", "cudagraphs", ...)."""
+    return torch._dynamo.lookup_backend(name)
+
+
+def inductor_mode_options(mode: str) -> dict[str, Any]:
+    """Inductor config that `torch.compile(mode=...)` would set, e.g. for "max-autotune-no-cudagraphs"."""
+    import torch._inductor
+
+    return dict(torch._inductor.list_mode_options(mode))
+
+
+def inductor_config_patch(changes: Mapping[str, Any]):
+    """Scoped Inductor config: applies only inside the `with` block, never globally."""
+    if not changes:
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(dict(changes))
+
+
+def guard_failures(code) -> list[str]:
+    """TorchDynamo's recorded guard failures (recompile reasons) for a code object, oldest first."""
+    from torch._dynamo.utils import guard_failures as failures
+
+    return [str(reason) for reason in failures.get(code, [])]
+
+
+def fake_value(node: torch.fx.Node):
+    """The fake tensor (or value) TorchDynamo recorded for an FX node, if any."""
+    meta = node.meta
+    return meta.get("example_value", meta.get("val"))

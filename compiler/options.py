@@ -1,0 +1,126 @@
+"""Compile options: one typed, documented dataclass, presets by mode, and the expert string.
+
+`CompileOptions` is what `kiln.compile` and the Compile UNet node both build. Experts pass
+extra settings as a JSON or YAML mapping (`parse_expert_options`), validated with errors that
+name the key and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+MODES = ("fast", "balanced", "max")
+
+# What each mode means, in one place (the node's tooltip and the README quote this).
+MODE_HELP = {
+    "fast": "quick compile: Kiln's rewrite passes, then the rewritten FX graph runs directly (no Inductor)",
+    "balanced": "default: Kiln's passes, then Inductor's default lowering",
+    "max": "longest compile, most speed: Kiln's passes, then Inductor with max-autotune",
+}
+
+# Pass switches: "auto" lets each pass decide (its extra_check), "on" forces it where it matches
+# (e.g. to use a Kiln kernel on a CPU, where the pass would otherwise leave Inductor to fuse),
+# "off" disables it.
+PASS_SWITCHES = ("auto", "on", "off")
+
+
+class OptionsError(ValueError):
+    """A compile option is invalid; the message names the option and what is allowed."""
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How Kiln compiles a diffusion model.
+
+    mode: "fast" | "balanced" | "max" (see MODE_HELP).
+    dynamic: None lets TorchDynamo decide (static first, dynamic after a shape change), True marks
+        shapes dynamic from the first compile, False always specialises.
+    cuda_graphs: capture CUDA graphs (CUDA only; on other devices it is ignored with a warning).
+    passes: per-pass switch, {pass name: "auto" | "on" | "off"}; unnamed passes are "auto".
+    fullgraph: fail instead of splitting the model at a graph break.
+    inductor: extra Inductor config applied only while Kiln compiles (scoped `config.patch`),
+        e.g. {"coordinate_descent_tuning": True}. Never changes the global Inductor config.
+    """
+
+    mode: str = "balanced"
+    dynamic: Optional[bool] = None
+    cuda_graphs: bool = False
+    passes: Mapping[str, str] = field(default_factory=dict)
+    fullgraph: bool = False
+    inductor: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise OptionsError(f"mode={self.mode!r} is not a Kiln mode; use one of {', '.join(MODES)}")
+        if self.dynamic not in (None, True, False):
+            raise OptionsError(f"dynamic={self.dynamic!r}: use true, false or null (let TorchDynamo decide)")
+        for key in ("cuda_graphs", "fullgraph"):
+            if not isinstance(getattr(self, key), bool):
+                raise OptionsError(f"{key}={getattr(self, key)!r}: use true or false")
+        from .passes import PASS_NAMES  # local: passes import this module
+
+        for name, switch in dict(self.passes).items():
+            if name not in PASS_NAMES:
+                raise OptionsError(f"passes: unknown pass {name!r}; Kiln's passes are {', '.join(PASS_NAMES)}")
+            if switch not in PASS_SWITCHES:
+                raise OptionsError(f"passes.{name}={switch!r}: use one of {', '.join(PASS_SWITCHES)}")
+        if self.inductor and self.mode == "fast":
+            raise OptionsError("inductor options have no effect in mode 'fast' (no Inductor); use 'balanced' or 'max'")
+        if not isinstance(self.inductor, Mapping):
+            raise OptionsError("inductor: expected a mapping of Inductor config names to values")
+
+    def switch(self, pass_name: str) -> str:
+        return dict(self.passes).get(pass_name, "auto")
+
+    def replace(self, **changes) -> "CompileOptions":
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return {
+            "mode": self.mode,
+            "dynamic": self.dynamic,
+            "cuda_graphs": self.cuda_graphs,
+            "passes": dict(self.passes),
+            "fullgraph": self.fullgraph,
+            "inductor": dict(self.inductor),
+        }
+
+
+_EXPERT_KEYS = {f.name for f in dataclasses.fields(CompileOptions)}
+
+
+def parse_expert_options(text: str) -> dict:
+    """Parse the node's advanced string (JSON or YAML mapping) into CompileOptions fields.
+
+    >>> parse_expert_options('passes: {channels_last_convs: off}')
+    {'passes': {'channels_last_convs': 'off'}}
+    """
+    text = (text or "").strip()
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise OptionsError(f"advanced options are neither JSON nor YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise OptionsError(f"advanced options must be a mapping such as {{\"passes\": {{...}}}}, got {type(data).__name__}")
+    unknown = sorted(set(data) - _EXPERT_KEYS)
+    if unknown:
+        raise OptionsError(f"advanced options: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(_EXPERT_KEYS))}")
+    return data
+
+
+def build_options(mode: str = "balanced", dynamic=None, cuda_graphs: bool = False, advanced: str = "", **overrides) -> CompileOptions:
+    """Widgets (or keyword arguments) plus the expert string -> validated CompileOptions.
+    The expert string wins over the widgets, keyword overrides win over both."""
+    fields = {"mode": mode, "dynamic": dynamic, "cuda_graphs": cuda_graphs}
+    fields.update(parse_expert_options(advanced))
+    fields.update(overrides)
+    return CompileOptions(**fields)

@@ -1,0 +1,57 @@
+"""Kiln's rewrite passes, in the order they run, and the pass manager.
+
+Each pass is one file; this table is the only place that lists them. Order matters:
+attention is canonicalised first (it removes casts and matmuls the others never need to see),
+the kernel fusions next, the layout change last (it wraps whatever convs remain).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+
+from .base import GraphPass, PassContext, PassResult
+from .canonicalize_attention import CanonicalizeAttention
+from .channels_last_convs import ChannelsLastConvs
+from .fuse_geglu import FuseGeglu
+from .fuse_group_norm_silu import FuseGroupNormSilu
+
+PASSES: tuple[GraphPass, ...] = (
+    CanonicalizeAttention(),
+    FuseGeglu(),
+    FuseGroupNormSilu(),
+    ChannelsLastConvs(),
+)
+PASS_NAMES = tuple(p.name for p in PASSES)
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+def run_passes(gm: torch.fx.GraphModule, ctx: PassContext, switches: dict[str, str],
+               progress: Optional[Progress] = None, total_steps: Optional[int] = None) -> list[PassResult]:
+    """Run every pass not switched off, in order; return what each did. The graph is linted and
+    recompiled once at the end."""
+    results = []
+    total = total_steps or len(PASSES)
+    for i, graph_pass in enumerate(PASSES):
+        switch = switches.get(graph_pass.name, "auto")
+        result = PassResult(graph_pass.name)
+        if switch != "off":
+            start = time.perf_counter()
+            graph_pass.apply(gm, PassContext(**{**ctx.__dict__, "switch": switch}), result)
+            result.seconds = time.perf_counter() - start
+        results.append(result)
+        if progress is not None:
+            progress(f"pass {graph_pass.name}", i + 1, total)
+    gm.graph.lint()
+    gm.recompile()
+    return results
+
+
+def passes_uuid() -> str:
+    """Identity of the whole pass pipeline (every pass's source), for cache keys."""
+    return "-".join(p.uuid() for p in PASSES)
+
+
+__all__ = ["PASSES", "PASS_NAMES", "GraphPass", "PassContext", "PassResult", "run_passes", "passes_uuid"]

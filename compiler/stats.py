@@ -1,0 +1,63 @@
+"""What a compiled model did: every graph compiled, why, which passes fired, how long it took."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+
+@dataclass
+class GraphCompile:
+    """One call of Kiln's backend: TorchDynamo handed it one FX graph."""
+
+    index: int
+    reason: str                     # "first compile", or TorchDynamo's guard failure for a recompile
+    lowering: str                   # "fx" (fast), "inductor", "inductor max-autotune", ...
+    input_shapes: list[list[int]]   # shapes of the non-parameter tensor inputs
+    nodes: int
+    rewrites: dict[str, int]        # pass name -> places rewritten
+    skipped: dict[str, list[str]]   # pass name -> reasons a match was left alone
+    seconds: float                  # passes + lowering (TorchDynamo's tracing is not included)
+    dynamic: bool = False           # the graph has symbolic shapes
+
+    def line(self) -> str:
+        fired = ", ".join(f"{k} x{v}" for k, v in self.rewrites.items() if v) or "none"
+        return (f"graph {self.index}: {self.nodes} nodes, inputs {self.input_shapes}{' (dynamic)' if self.dynamic else ''}, "
+                f"lowered by {self.lowering} in {self.seconds:.1f}s; passes fired: {fired}; reason: {self.reason}")
+
+
+@dataclass
+class KilnStats:
+    options: dict
+    compiles: list[GraphCompile] = field(default_factory=list)
+    fallback: Optional[str] = None  # set when the model runs eagerly instead, with the reason
+
+    @property
+    def compile_count(self) -> int:
+        return len(self.compiles)
+
+    @property
+    def recompiles(self) -> list[GraphCompile]:
+        """Graphs compiled because a guard failed (shape, dtype, grad mode...), with the reason."""
+        return [c for c in self.compiles if c.reason.startswith("recompile")]
+
+    @property
+    def pass_counts(self) -> dict[str, int]:
+        total: Counter = Counter()
+        for c in self.compiles:
+            total.update(c.rewrites)
+        return dict(total)
+
+    def summary(self) -> str:
+        lines = [f"Kiln {self.options.get('mode')}: {self.compile_count} graph(s) compiled, {len(self.recompiles)} recompile(s)"]
+        if self.fallback:
+            lines.append(f"RUNNING EAGER: {self.fallback}")
+        lines += ["  " + c.line() for c in self.compiles]
+        skipped = {name: reasons for c in self.compiles for name, reasons in c.skipped.items() if reasons}
+        for name, reasons in skipped.items():
+            lines.append(f"  {name} skipped {len(reasons)}x: {sorted(set(reasons))[0]}")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {"options": self.options, "fallback": self.fallback, "compiles": [asdict(c) for c in self.compiles],
+                "pass_counts": self.pass_counts, "recompiles": len(self.recompiles)}
