@@ -13,6 +13,11 @@ from .passes import Progress
 from .stats import KilnStats
 
 _STATS: "weakref.WeakKeyDictionary[torch.nn.Module, KilnStats]" = weakref.WeakKeyDictionary()
+# Compiling the same module with the same options again (ComfyUI re-runs the node when a LoRA
+# before it changes strength) returns the same compiled module, so TorchDynamo's compiled graphs
+# are reused instead of recompiled. The memo lives in the module's own __dict__ (not a global
+# table holding it alive): it goes away with the module.
+_MEMO = "_kiln_compiled"
 
 
 class KilnUnavailable(RuntimeError):
@@ -28,6 +33,9 @@ def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[b
     owning its weights: the compiled code reads them on every call, so in-place edits, LoRA
     patches and new parameters of the same shape show up without a recompile.
 
+    Compiling the same module with the same options again returns the same compiled module
+    (and its compiled graphs); `progress` is then the new caller's.
+
     Example:
         >>> unet = kiln.compile(unet, mode="balanced")
         >>> with torch.no_grad():
@@ -38,11 +46,18 @@ def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[b
     if problem:
         raise KilnUnavailable(problem)
     options = options or CompileOptions(mode=mode, dynamic=dynamic, cuda_graphs=cuda_graphs)
+    key = repr(options.as_dict())
+    memo = module.__dict__.setdefault(_MEMO, {})
+    previous = memo.get(key)
+    if previous is not None:
+        previous[1].progress = progress
+        return previous[0]
     stats = KilnStats(options=options.as_dict())
     forward = getattr(type(module).forward, "__code__", None)
     backend = KilnBackend(options, stats, code=forward, progress=progress)
     compiled = torch.compile(module, backend=backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
     _STATS[compiled] = stats
+    memo[key] = (compiled, backend)
     return compiled
 
 

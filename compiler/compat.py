@@ -58,3 +58,10 @@ def fake_value(node: torch.fx.Node):
     """The fake tensor (or value) TorchDynamo recorded for an FX node, if any."""
     meta = node.meta
     return meta.get("example_value", meta.get("val"))
+
+
+def compile_failure_types() -> tuple[type, ...]:
+    """Exceptions that mean "compiling failed" (as opposed to the model itself failing)."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    return (BackendCompilerFailed,)

@@ -61,7 +61,11 @@ class CompileOptions:
                 raise OptionsError(f"{key}={getattr(self, key)!r}: use true or false")
         from .passes import PASS_NAMES  # local: passes import this module
 
-        for name, switch in dict(self.passes).items():
+        # YAML reads bare on/off as booleans
+        passes = {name: {True: "on", False: "off"}.get(switch, switch) if isinstance(switch, bool) else switch
+                  for name, switch in dict(self.passes).items()}
+        object.__setattr__(self, "passes", passes)
+        for name, switch in passes.items():
             if name not in PASS_NAMES:
                 raise OptionsError(f"passes: unknown pass {name!r}; Kiln's passes are {', '.join(PASS_NAMES)}")
             if switch not in PASS_SWITCHES:

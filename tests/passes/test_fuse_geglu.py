@@ -1,0 +1,78 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.benchmarks.models import MODELS
+from kiln.compiler.passes import fuse_geglu as pass_module
+from testing_utils import rel_err
+
+ON = kiln.CompileOptions(mode="fast", passes={"fuse_geglu": "on"})
+
+
+def test_replacement_equals_pattern():
+    (y,) = pass_module.example_inputs()
+    for approximate in ("none", "tanh"):
+        ref = pass_module.pattern_geglu(y, approximate)
+        assert rel_err(pass_module.replacement_geglu(y, approximate), ref) < 1e-6
+
+
+class GEGLU(torch.nn.Module):  # ComfyUI's / diffusers' GEGLU with its projection
+    def __init__(self, dim=12, inner=17, gate_first=False, approximate="none"):
+        super().__init__()
+        self.proj = torch.nn.Linear(dim, inner * 2)
+        self.gate_first, self.approximate = gate_first, approximate
+
+    def forward(self, x):
+        a, gate = self.proj(x).chunk(2, dim=-1)
+        g = F.gelu(gate, approximate=self.approximate)
+        return g * a if self.gate_first else a * g
+
+
+class NotGEGLU(torch.nn.Module):  # the halves are used elsewhere too: the pass must not fire
+    def forward(self, y):
+        a, gate = y.chunk(2, dim=-1)
+        return a * F.gelu(gate) + a
+
+
+@pytest.mark.parametrize("module, expected", [
+    (GEGLU(), 1), (GEGLU(gate_first=True), 1), (GEGLU(approximate="tanh"), 1), (NotGEGLU(), 0),
+])
+def test_forced_on_cpu(module, expected):
+    x = torch.randn(3, 5, 12) if isinstance(module, GEGLU) else torch.randn(3, 5, 34)
+    compiled = kiln.compile(module, options=ON)
+    assert rel_err(compiled(x), module(x)) < 1e-5
+    info = kiln.stats(compiled)
+    assert info.pass_counts["fuse_geglu"] == expected
+    if expected:
+        code = info.compiles[0]  # the rewritten graph calls the Kiln op
+        assert code.rewrites["fuse_geglu"] == 1
+
+
+def test_auto_leaves_cpu_graph_to_inductor_and_says_why():
+    module, x = GEGLU(), torch.randn(2, 3, 12)
+    compiled = kiln.compile(module, mode="fast")
+    compiled(x)
+    info = kiln.stats(compiled)
+    assert info.pass_counts["fuse_geglu"] == 0
+    assert "cpu has no Triton kernel here" in info.compiles[0].skipped["fuse_geglu"][0]
+
+
+def test_grad_enabled_is_never_fused():
+    module, x = GEGLU(), torch.randn(2, 3, 12)
+    compiled = kiln.compile(module, options=ON)
+    with torch.enable_grad():
+        compiled(x)
+    info = kiln.stats(compiled)
+    assert info.pass_counts["fuse_geglu"] == 0
+    assert "autograd is enabled" in info.compiles[0].skipped["fuse_geglu"][0]
+
+
+def test_sdxl_unet_feed_forwards_are_fused():
+    spec = MODELS["sdxl"]
+    unet = spec.build("tiny")
+    args, kwargs = spec.inputs(unet, batch=2)
+    compiled = kiln.compile(unet, options=ON)
+    assert rel_err(compiled(*args, **kwargs)[0], unet(*args, **kwargs)[0]) < 1e-5
+    blocks = sum(1 for m in unet.modules() if type(m).__name__ == "GEGLU")
+    assert blocks > 0 and kiln.stats(compiled).pass_counts["fuse_geglu"] == blocks
