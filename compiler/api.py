@@ -33,6 +33,10 @@ def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[b
     owning its weights: the compiled code reads them on every call, so in-place edits, LoRA
     patches and new parameters of the same shape show up without a recompile.
 
+    Kiln compiles for inference: it sets `requires_grad=False` on the module's parameters, as
+    ComfyUI's patched weights are, so that installing a patched weight does not fail a TorchDynamo
+    guard and recompile. Run the compiled module under `torch.no_grad()` or `torch.inference_mode()`.
+
     Compiling the same module with the same options again returns the same compiled module
     (and its compiled graphs); `progress` is then the new caller's.
 
@@ -52,6 +56,7 @@ def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[b
     if previous is not None:
         previous[1].progress = progress
         return previous[0]
+    module.requires_grad_(False)
     stats = KilnStats(options=options.as_dict())
     forward = getattr(type(module).forward, "__code__", None)
     backend = KilnBackend(options, stats, code=forward, progress=progress)

@@ -1,0 +1,119 @@
+"""Kiln's node on ComfyUI's own classes: a ModelPatcher around ComfyUI's UNetModel, sampled by
+ComfyUI's KSampler path. Runs when COMFYUI_PATH points at a ComfyUI tree; skips otherwise."""
+import os
+import sys
+
+import pytest
+import torch
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
+if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
+    pytest.skip("COMFYUI_PATH is not set to a ComfyUI tree", allow_module_level=True)
+sys.path.insert(0, COMFYUI_PATH)
+cli_args = pytest.importorskip("comfy.cli_args")
+cli_args.args.cpu = True  # what `main.py --cpu` sets, before model_management reads it
+cli_args.args.use_pytorch_cross_attention = True  # the harness's server setting (SDPA attention)
+comfy = pytest.importorskip("comfy.model_management")
+
+import comfy.model_base  # noqa: E402
+import comfy.model_patcher  # noqa: E402
+import comfy.sample  # noqa: E402
+import comfy.supported_models  # noqa: E402
+
+from kiln.compiler import stats  # noqa: E402
+from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
+from testing_utils import rel_err  # noqa: E402
+
+TINY_SD15 = dict(  # ComfyUI's SD1.5 UNet layout, scaled down
+    image_size=32, in_channels=4, out_channels=4, model_channels=32, num_res_blocks=1, channel_mult=[1, 2],
+    transformer_depth=[1, 1], transformer_depth_output=[1, 1, 1, 1],
+    transformer_depth_middle=1, use_spatial_transformer=True, context_dim=32, use_linear_in_transformer=False,
+    adm_in_channels=None, use_temporal_attention=False, legacy=False,
+)
+
+
+def make_tiny_sd15_patcher(seed: int = 0):
+    torch.manual_seed(seed)
+    config = comfy.supported_models.SD15(dict(TINY_SD15))
+    model = comfy.model_base.BaseModel(config, device=torch.device("cpu"))
+    for p in model.parameters():  # random weights at a sane scale
+        p.data.normal_(0, 0.05)
+    return comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+
+
+def sample(patcher, batch=1, seed=3, size=16, steps=2):
+    torch.manual_seed(seed)
+    latent = torch.zeros(batch, 4, size, size)
+    noise = torch.randn(batch, 4, size, size)
+    pos, neg = [[torch.randn(1, 7, 32), {}]], [[torch.randn(1, 7, 32), {}]]
+    return comfy.sample.sample(patcher, noise, steps, 7.0, "euler", "normal", pos, neg, latent, disable_pbar=True, seed=seed)
+
+
+def lora_like_patches(patcher, scale=0.2, seed=5):
+    """A 'diff' patch on every attention projection: what a LoRA loader adds."""
+    gen = torch.Generator().manual_seed(seed)
+    sd = patcher.model.state_dict()
+    return {k: (torch.randn(sd[k].shape, generator=gen) * scale,) for k in sd if k.endswith(("to_q.weight", "to_v.weight"))}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    base = make_tiny_sd15_patcher()
+    model, report = KilnCompileUNet().compile(base, mode="fast")
+    return base, model, report
+
+
+def test_node_reports_and_returns_a_clone(compiled):
+    base, model, report = compiled
+    assert model is not base and "Kiln will compile UNetModel" in report
+
+
+def test_compiled_sampling_matches_eager_and_compiles_once(compiled):
+    base, model, _ = compiled
+    eager = sample(base)
+    out = sample(model)
+    assert rel_err(out, eager) < 1e-4
+    info = _stats(model)
+    assert info.compile_count >= 1 and not info.recompiles and info.fallback is None
+    sample(model, seed=9)  # a new seed and noise: same shapes, no recompile
+    assert not _stats(model).recompiles
+
+
+def test_lora_after_compile_is_applied_without_recompiling(compiled):
+    base, model, _ = compiled
+    patches = lora_like_patches(base)
+    lora_eager, lora_compiled = base.clone(), model.clone()  # what LoraLoader does after the node
+    lora_eager.add_patches(patches, 0.8)
+    lora_compiled.add_patches(patches, 0.8)
+    graphs = _stats(model).compile_count
+    ref, out = sample(lora_eager), sample(lora_compiled)
+    assert rel_err(ref, sample(base)) > 1e-3  # the LoRA changes the image
+    assert rel_err(out, ref) < 1e-4
+    lora_compiled2 = model.clone()  # a new strength: new weights, same compiled graphs
+    lora_compiled2.add_patches(patches, 0.3)
+    lora_eager2 = base.clone()
+    lora_eager2.add_patches(patches, 0.3)
+    assert rel_err(sample(lora_compiled2), sample(lora_eager2)) < 1e-4
+    assert _stats(model).compile_count == graphs, _stats(model).summary()
+
+
+def test_node_rerun_reuses_the_compiled_module(compiled):
+    base, model, _ = compiled
+    again, _ = KilnCompileUNet().compile(base, mode="fast")
+    assert _compiled_module(again) is _compiled_module(model)
+
+
+def test_invalid_advanced_options_fail_with_the_key():
+    from kiln.compiler import OptionsError
+
+    with pytest.raises(OptionsError, match="unknown pass 'fuse_all'"):
+        KilnCompileUNet().compile(make_tiny_sd15_patcher(), advanced="passes: {fuse_all: on}")
+
+
+def _compiled_module(model):
+    wrapper = model.get_wrappers("apply_model", "kiln.compile")[0]
+    return dict(zip(wrapper.__code__.co_freevars, (c.cell_contents for c in wrapper.__closure__)))["compiled"]
+
+
+def _stats(model):
+    return stats(_compiled_module(model))
