@@ -65,3 +65,8 @@ def compile_failure_types() -> tuple[type, ...]:
     from torch._dynamo.exc import BackendCompilerFailed
 
     return (BackendCompilerFailed,)
+
+
+def allow_any_size(tensor, dim: int = 0) -> None:
+    """Tell TorchDynamo not to specialise on this tensor's size along `dim` (no recompile when it changes)."""
+    torch._dynamo.maybe_mark_dynamic(tensor, dim)

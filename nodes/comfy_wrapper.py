@@ -15,13 +15,21 @@ WRAPPER_KEY = "kiln.compile"
 CORE_COMPILE_KEY = "torch.compile"  # ComfyUI core's TorchCompileModel wrapper
 
 
-def make_apply_model_wrapper(compiled, stats, failure_types: tuple, key: str = "diffusion_model"):
-    """`stats` is the compiled module's KilnStats; its `fallback` set means: run eagerly."""
+def make_apply_model_wrapper(compiled, stats, failure_types: tuple, allow_any_size, key: str = "diffusion_model"):
+    """`stats` is the compiled module's KilnStats; its `fallback` set means: run eagerly.
+    `allow_any_size(tensor)` stops the compiler specialising on a tensor's length."""
     import comfy.utils
 
     def kiln_apply_model(executor, *args, **kwargs):
         if stats.fallback:
             return executor(*args, **kwargs)
+        # ComfyUI passes the whole sigma schedule down; its length is the step count. Without this,
+        # changing the number of steps would recompile (seen in a real server: "sample_sigmas size
+        # mismatch at index 0. expected 5, actual 3").
+        for options in (*args, *kwargs.values()):  # BaseModel.apply_model passes transformer_options positionally
+            sigmas = options.get("sample_sigmas") if isinstance(options, dict) else None
+            if sigmas is not None and getattr(sigmas, "dim", lambda: 0)() == 1:
+                allow_any_size(sigmas)
         original = comfy.utils.get_attr(executor.class_obj, key)
         comfy.utils.set_attr(executor.class_obj, key, compiled)
         start, graphs = time.perf_counter(), stats.compile_count

@@ -76,7 +76,9 @@ def test_compiled_sampling_matches_eager_and_compiles_once(compiled):
     info = _stats(model)
     assert info.compile_count >= 1 and not info.recompiles and info.fallback is None
     sample(model, seed=9)  # a new seed and noise: same shapes, no recompile
-    assert not _stats(model).recompiles
+    sample(model, steps=3)  # another step count: ComfyUI's sigma schedule changes length
+    sample(model, steps=5)
+    assert not _stats(model).recompiles, _stats(model).summary()
 
 
 def test_lora_after_compile_is_applied_without_recompiling(compiled):
