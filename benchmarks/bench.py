@@ -30,6 +30,7 @@ class Row:
     speedup: Optional[float] = None     # eager time / this time
     max_rel_err: Optional[float] = None
     graphs: Optional[int] = None
+    compile_cached: bool = False        # Inductor loaded the graph from its disk cache (a warm compile)
     passes: Optional[dict] = None
     error: Optional[str] = None
 
@@ -51,6 +52,7 @@ def _variants(module, modes: list[str], dynamic) -> dict[str, Callable]:
 def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype: str = "fp32", batch: int = 2,
               modes=("fast", "balanced", "max"), rounds: int = 5, steps: int = 3, dynamic=None, log=print) -> dict:
     from .. import compiler as kiln
+    from ..compiler.compat import inductor_cache_hits
 
     spec = MODELS[model]
     module = spec.build(size, dtype=DTYPES[dtype], device=device)
@@ -65,10 +67,11 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
             row = rows[name] = Row(name)
             try:
                 _sync(device)
-                start = time.perf_counter()
+                start, hits = time.perf_counter(), inductor_cache_hits()
                 out = fn(*args, **kwargs)[0]
                 _sync(device)
                 row.compile_s = time.perf_counter() - start
+                row.compile_cached = inductor_cache_hits() > hits
                 if reference is None:
                     reference = out.float()
                 row.max_rel_err = ((out.float() - reference).abs().max() / reference.abs().max()).item()
@@ -76,7 +79,7 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
                     info = kiln.stats(fn)
                     row.graphs, row.passes = info.compile_count, {k: v for k, v in info.pass_counts.items() if v}
                 calls[name] = fn
-                log(f"  {name}: first call {row.compile_s:.1f}s")
+                log(f"  {name}: first call {row.compile_s:.1f}s{' (Inductor cache hit)' if row.compile_cached else ''}")
             except Exception as exc:  # noqa: BLE001  a failing variant is recorded, the rest still run
                 row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                 log(f"  {name}: FAILED {row.error}")
@@ -115,8 +118,11 @@ def format_table(result: dict) -> str:
             lines.append(f"{r['variant']:<16}  FAILED: {r['error']}")
             continue
         passes = ", ".join(f"{k} x{v}" for k, v in (r["passes"] or {}).items())
+        compile_s = f"{r['compile_s'] if r['variant'] != 'eager' else 0:.1f}" + ("*" if r.get("compile_cached") else "")
         lines.append(f"{r['variant']:<16}{r['step_ms']:>10.2f}{r['speedup']:>9.2f}x{r['max_rel_err']:>13.2e}"
-                     f"{(r['compile_s'] if r['variant'] != 'eager' else 0):>11.1f}  {passes}")
+                     f"{compile_s:>11}  {passes}")
+    if any(r.get("compile_cached") for r in result["rows"]):
+        lines.append("* Inductor loaded this graph from its disk cache (an identical graph was compiled before)")
     return "\n".join(lines)
 
 

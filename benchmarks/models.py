@@ -108,6 +108,31 @@ def _flux_inputs(module, batch: int, device, dtype, latent: int = 0, context_len
     return (), kwargs
 
 
+def _vae_config(size: str) -> dict:
+    channels = {"tiny": (32, 32), "cpu": (32, 64, 64), "full": (128, 256, 512, 512)}[size]
+    n = len(channels)
+    return dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=channels, layers_per_block=2 if size == "full" else 1,
+                down_block_types=("DownEncoderBlock2D",) * n, up_block_types=("UpDecoderBlock2D",) * n,
+                norm_num_groups=32 if size == "full" else 8, sample_size={"tiny": 32, "cpu": 64, "full": 1024}[size])
+
+
+class VAEDecode(torch.nn.Module):
+    """`vae.decode(z)` as a module (what ComfyUI's VAE Decode runs), so it can be compiled alone."""
+
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+        self.config = vae.config
+
+    def forward(self, z, return_dict: bool = False):
+        return (self.vae.decode(z).sample,)
+
+
+def _vae_inputs(module, batch: int, device, dtype, latent: int = 0, context_len: int = 0):
+    side = latent or module.config.sample_size // 2 ** (len(module.config.block_out_channels) - 1)
+    return (torch.randn(batch, module.config.latent_channels, side, side, device=device, dtype=dtype),), {}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -121,6 +146,8 @@ class ModelSpec:
 
         torch.manual_seed(seed)
         module = getattr(diffusers, self.cls_name)(**self.config(size))
+        if self.cls_name == "AutoencoderKL":
+            module = VAEDecode(module)
         module = module.to(device=device) if dtype == torch.float32 else module.to(device=device, dtype=dtype)
         return module.eval().requires_grad_(False)
 
@@ -133,5 +160,6 @@ MODELS = {
     "sd15": ModelSpec("sd15", "SD1.5 UNet (UNet2DConditionModel)", _sd15_config, "UNet2DConditionModel", _unet_inputs),
     "sdxl": ModelSpec("sdxl", "SDXL UNet (UNet2DConditionModel, text_time)", _sdxl_config, "UNet2DConditionModel", _unet_inputs),
     "sd3": ModelSpec("sd3", "SD3 MMDiT (SD3Transformer2DModel)", _sd3_config, "SD3Transformer2DModel", _sd3_inputs),
+    "vae": ModelSpec("vae", "SD VAE decoder (AutoencoderKL.decode)", _vae_config, "AutoencoderKL", _vae_inputs),
     "flux": ModelSpec("flux", "Flux transformer (FluxTransformer2DModel)", _flux_config, "FluxTransformer2DModel", _flux_inputs),
 }

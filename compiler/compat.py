@@ -70,3 +70,10 @@ def compile_failure_types() -> tuple[type, ...]:
 def allow_any_size(tensor, dim: int = 0) -> None:
     """Tell TorchDynamo not to specialise on this tensor's size along `dim` (no recompile when it changes)."""
     torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
+def inductor_cache_hits() -> int:
+    """How many graphs Inductor has loaded from its on-disk FX graph cache in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["fxgraph_cache_hit"])

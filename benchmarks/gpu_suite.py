@@ -1,0 +1,263 @@
+"""The GPU suite: one command that turns a GPU session into committed, comparable numbers.
+
+    python -m kiln.benchmarks.gpu_suite                 # on the GPU machine (~8 min on an H100)
+    python -m kiln.benchmarks.gpu_suite --tiny          # CPU, tiny models: checks the suite still runs
+
+For each case (full-size architectures, random weights) and variant it records time per step
+(median of CUDA-event timings after warm-up), compile time, peak memory, relative error vs eager,
+model FLOPs per step, and the fraction of the measured matmul ceiling. Results go to
+benchmarks/results/<date>-<gpu>.json with the raw log beside it, and the README's Performance
+table is regenerated from the newest result. A failing variant is recorded with its error and
+the rest still run. On the GPU machine only diffusers must be carried (a pure-Python wheel).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import re
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from .models import MODELS
+
+RESULTS = Path(__file__).resolve().parent / "results"
+README = Path(__file__).resolve().parent.parent / "README.md"
+MARK = "<!-- PERFORMANCE -->"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    batch: int
+    dtype: torch.dtype
+    latent: int = 0           # latent side (0: the model's default)
+    channels_last: bool = False
+
+
+FULL_CASES = (
+    Case("sd15-512-cfg", "sd15", 2, torch.float16, 64, channels_last=True),
+    Case("sdxl-1024-cfg", "sdxl", 2, torch.float16, 128, channels_last=True),
+    Case("flux-1024", "flux", 1, torch.bfloat16, 64),
+    Case("vae-decode-1024", "vae", 1, torch.float16, 128, channels_last=True),
+)
+TINY_CASES = (
+    Case("sd3-tiny", "sd3", 2, torch.float32),
+    Case("vae-decode-tiny", "vae", 1, torch.float32, channels_last=True),
+)
+
+# variant -> how to make it from the eager module
+VARIANTS: dict[str, Callable] = {
+    "eager": lambda m: m,
+    "torch.compile": lambda m: torch.compile(m),
+    "torch.compile max-autotune": lambda m: torch.compile(m, mode="max-autotune-no-cudagraphs"),
+    "kiln fast": lambda m: _kiln(m, "fast"),
+    "kiln balanced": lambda m: _kiln(m, "balanced"),
+    "kiln max": lambda m: _kiln(m, "max"),
+}
+
+
+def _kiln(module, mode):
+    from .. import compiler
+
+    return compiler.compile(module, mode=mode)
+
+
+@dataclass
+class Result:
+    case: str
+    variant: str
+    ms: Optional[float] = None
+    compile_s: Optional[float] = None
+    peak_mem_gb: Optional[float] = None
+    rel_err: Optional[float] = None
+    speedup: Optional[float] = None
+    tflops: Optional[float] = None
+    ceiling_fraction: Optional[float] = None
+    passes: dict = field(default_factory=dict)
+    error: Optional[str] = None
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_ms(fn, device, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def matmul_ceiling_tflops(device: str, tiny: bool) -> float:
+    """Measured dense matmul throughput (bf16 on a GPU, fp32 on a CPU): the roofline to compare with."""
+    n = 512 if tiny else 8192
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    ms = median_ms(lambda: a @ b, device, reps=10 if tiny else 50)
+    return 2 * n ** 3 / (ms / 1e3) / 1e12
+
+
+def model_flops(fn) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def run_case(case: Case, variants: list[str], device: str, size: str, reps: int, ceiling: float, log) -> list[Result]:
+    spec = MODELS[case.model]
+    module = spec.build(size, dtype=case.dtype, device=device)
+    if case.channels_last:
+        module = module.to(memory_format=torch.channels_last)
+    args, kwargs = spec.inputs(module, case.batch, device=device, dtype=case.dtype, latent=case.latent)
+    results, reference, eager_ms = [], None, None
+    with torch.inference_mode():
+        flops = model_flops(lambda: module(*args, **kwargs))
+    for name in variants:
+        result = Result(case.name, name)
+        results.append(result)
+        try:
+            runner = VARIANTS[name](module)
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            with torch.inference_mode():
+                _sync(device)
+                t0 = time.perf_counter()
+                out = runner(*args, **kwargs)[0]
+                _sync(device)
+                result.compile_s = time.perf_counter() - t0
+                for _ in range(3):
+                    runner(*args, **kwargs)
+                result.ms = median_ms(lambda: runner(*args, **kwargs), device, reps)
+            if reference is None:
+                reference, eager_ms = out.float(), result.ms
+            result.rel_err = ((out.float() - reference).abs().max() / reference.abs().max()).item()
+            result.speedup = eager_ms / result.ms
+            result.tflops = flops / (result.ms / 1e3) / 1e12
+            result.ceiling_fraction = result.tflops / ceiling
+            if device == "cuda":
+                result.peak_mem_gb = torch.cuda.max_memory_allocated() / 2 ** 30
+            if name.startswith("kiln"):
+                from .. import compiler
+
+                result.passes = {k: v for k, v in compiler.stats(runner).pass_counts.items() if v}
+            log(f"{case.name:<18} {name:<28} {result.ms:9.2f} ms  {result.speedup:5.2f}x  err {result.rel_err:.1e}  "
+                f"compile {result.compile_s:6.1f}s  {result.ceiling_fraction:6.1%} of ceiling")
+        except Exception as exc:  # noqa: BLE001  recorded; the other variants still run
+            result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+            log(f"{case.name:<18} {name:<28} FAILED {result.error}\n{traceback.format_exc()}")
+        finally:
+            torch._dynamo.reset()  # each variant compiles from scratch
+    return results
+
+
+def performance_table(data: dict) -> str:
+    lines = [f"GPU suite, {data['date']}, {data['machine']['device']} (torch {data['machine']['torch']}); "
+             f"matmul ceiling {data['ceiling_tflops']:.0f} TFLOP/s. Speedup is vs eager in the same run.", "",
+             "| case | variant | ms/step | vs eager | % of ceiling | compile s | peak GB | rel err |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in data["results"]:
+        if r["error"]:
+            lines.append(f"| {r['case']} | {r['variant']} | failed: {r['error'][:80]} | | | | | |")
+            continue
+        mem = f"{r['peak_mem_gb']:.1f}" if r["peak_mem_gb"] is not None else "-"
+        lines.append(f"| {r['case']} | {r['variant']} | {r['ms']:.2f} | {r['speedup']:.2f}x | {r['ceiling_fraction']:.1%} "
+                     f"| {r['compile_s']:.0f} | {mem} | {r['rel_err']:.1e} |")
+    return "\n".join(lines)
+
+
+def update_readme(data: dict, readme: Path = README) -> None:
+    """Replace everything after the PERFORMANCE marker with the table of `data`."""
+    text = readme.read_text()
+    if MARK not in text:
+        raise ValueError(f"{readme} has no {MARK} marker")
+    readme.write_text(text[: text.index(MARK) + len(MARK)] + "\n" + performance_table(data) + "\n")
+
+
+def newest_result(results: Path = RESULTS) -> Optional[Path]:
+    files = sorted(p for p in results.glob("*.json") if re.match(r"\d{4}-\d\d-\d\d-", p.name))
+    return files[-1] if files else None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU (checks the suite, measures nothing real)")
+    parser.add_argument("--cases", help="comma-separated case names (default: all)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for <date>-<device>.json and .log")
+    parser.add_argument("--no-readme", action="store_true", help="do not regenerate the README table")
+    args = parser.parse_args(argv)
+    device = "cpu" if args.tiny else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device: run on the GPU machine, or pass --tiny for the CPU check")
+    cases = TINY_CASES if args.tiny else FULL_CASES
+    if args.cases:
+        cases = tuple(c for c in cases if c.name in args.cases.split(","))
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {list(VARIANTS)}")
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    stamp = datetime.date.today().isoformat() + "-" + re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_file = open(args.out / f"{stamp}.log", "w")
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        log_file.write(msg + "\n")
+        log_file.flush()
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stdout)
+    ceiling = matmul_ceiling_tflops(device, args.tiny)
+    log(f"kiln gpu suite on {device_name}, torch {torch.__version__}; matmul ceiling {ceiling:.1f} TFLOP/s")
+    results = []
+    for case in cases:
+        results += run_case(case, variants, device, "tiny" if args.tiny else "full", args.reps or (3 if args.tiny else 20), ceiling, log)
+    data = {"date": datetime.date.today().isoformat(), "ceiling_tflops": ceiling,
+            "machine": {"device": device_name, "torch": torch.__version__,
+                        "triton": _version("triton"), "diffusers": _version("diffusers")},
+            "method": "median of CUDA-event timings per step after 3 warm-up calls; compile = first call; "
+                      "torch._dynamo.reset() between variants",
+            "results": [asdict(r) for r in results]}
+    (args.out / f"{stamp}.json").write_text(json.dumps(data, indent=2))
+    log(f"wrote {args.out / (stamp + '.json')}")
+    if not args.no_readme and not args.tiny:
+        update_readme(data)
+    return 0
+
+
+def _version(name: str) -> Optional[str]:
+    try:
+        return __import__(name).__version__
+    except Exception:  # noqa: BLE001
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""The GPU suite must not rot between GPU sessions: run it on the CPU with tiny models."""
+import json
+
+import torch
+
+from kiln.benchmarks import gpu_suite
+
+
+def test_tiny_suite_writes_results_and_log(tmp_path, monkeypatch):
+    def broken(module):
+        raise RuntimeError("no kernel for this")
+
+    monkeypatch.setitem(gpu_suite.VARIANTS, "broken", broken)
+    code = gpu_suite.main(["--tiny", "--cases", "vae-decode-tiny", "--variants", "eager,kiln fast,broken", "--out", str(tmp_path)])
+    assert code == 0
+    (result_file,) = tmp_path.glob("*.json")
+    data = json.loads(result_file.read_text())
+    rows = {r["variant"]: r for r in data["results"]}
+    assert rows["eager"]["speedup"] == 1.0 and rows["eager"]["rel_err"] == 0.0
+    assert rows["kiln fast"]["error"] is None and rows["kiln fast"]["rel_err"] < 1e-4
+    assert 0 < rows["kiln fast"]["ceiling_fraction"] and rows["kiln fast"]["tflops"] > 0
+    assert rows["broken"]["error"] == "RuntimeError: no kernel for this"  # recorded, the rest still ran
+    assert "FAILED" in result_file.with_suffix(".log").read_text()
+
+
+def test_readme_table_is_regenerated_after_the_marker(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Kiln\n\n## Performance\n{gpu_suite.MARK}\nold table\n")
+    data = {"date": "2026-11-22", "ceiling_tflops": 790.0, "machine": {"device": "NVIDIA H100", "torch": "2.11"},
+            "results": [{"case": "sd15-512-cfg", "variant": "kiln balanced", "ms": 10.0, "speedup": 2.0, "ceiling_fraction": 0.2,
+                         "compile_s": 60.0, "peak_mem_gb": 3.0, "rel_err": 1e-3, "error": None},
+                        {"case": "sd15-512-cfg", "variant": "kiln max", "error": "OOM"}]}
+    gpu_suite.update_readme(data, readme)
+    text = readme.read_text()
+    assert "old table" not in text and text.startswith("# Kiln")
+    assert "| sd15-512-cfg | kiln balanced | 10.00 | 2.00x | 20.0% | 60 | 3.0 | 1.0e-03 |" in text
+    assert "| sd15-512-cfg | kiln max | failed: OOM |" in text
+
+
+def test_flop_count_is_the_matmul_count():
+    lin = torch.nn.Linear(16, 8, bias=False)
+    assert gpu_suite.model_flops(lambda: lin(torch.randn(4, 16))) == 2 * 4 * 16 * 8
