@@ -76,3 +76,12 @@ def test_sdxl_unet_feed_forwards_are_fused():
     assert rel_err(compiled(*args, **kwargs)[0], unet(*args, **kwargs)[0]) < 1e-5
     blocks = sum(1 for m in unet.modules() if type(m).__name__ == "GEGLU")
     assert blocks > 0 and kiln.stats(compiled).pass_counts["fuse_geglu"] == blocks
+
+
+def test_cuda_without_triton_is_skipped_with_the_reason():
+    from kiln.compiler.passes.base import PassContext, PassResult, kernel_gate
+
+    result = PassResult("fuse_geglu")
+    assert not kernel_gate(PassContext(device_type="cuda", triton=False), result, "GEGLU")
+    assert result.skipped == ["GEGLU: Triton is not installed"]
+    assert kernel_gate(PassContext(device_type="cuda", triton=True), PassResult("x"), "GEGLU")
