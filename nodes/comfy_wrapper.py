@@ -66,11 +66,11 @@ def install(model_patcher, wrapper) -> str:
 
 def progress_bar():
     """A progress callback for Kiln's compile that drives ComfyUI's progress bar and the log."""
-    import comfy.utils
-
     bar = {}
 
     def progress(what: str, done: int, total: int) -> None:
+        import comfy.utils
+
         if done == 1 or "bar" not in bar:
             bar["bar"] = comfy.utils.ProgressBar(total)
         bar["bar"].update_absolute(done, total)
