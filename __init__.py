@@ -24,6 +24,5 @@ except ImportError:
 else:
     from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 
-WEB_DIRECTORY = None
 __all__ = ["compile", "stats", "CompileOptions", "KilnStats", "KilnUnavailable", "OptionsError",
            "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "__version__"]

@@ -50,7 +50,7 @@ def _variants(module, modes: list[str], dynamic) -> dict[str, Callable]:
 
 
 def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype: str = "fp32", batch: int = 2,
-              modes=("fast", "balanced", "max"), rounds: int = 5, steps: int = 3, dynamic=None, log=print) -> dict:
+              modes=("fast", "balanced", "max"), rounds: int = 8, steps: int = 3, dynamic=None, log=print) -> dict:
     from .. import compiler as kiln
     from ..compiler.compat import inductor_cache_hits
 
@@ -84,8 +84,10 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
                 row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                 log(f"  {name}: FAILED {row.error}")
         times: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(rounds):
-            for name, fn in calls.items():
+        order = list(calls.items())
+        for round_index in range(rounds):
+            # alternate the order each round so no variant always runs first (or right after another)
+            for name, fn in (order if round_index % 2 == 0 else order[::-1]):
                 fn(*args, **kwargs)  # warm
                 _sync(device)
                 start = time.perf_counter()
@@ -105,7 +107,8 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
         "machine": {"torch": torch.__version__, "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
                     "threads": torch.get_num_threads(),
                     "gpu": torch.cuda.get_device_name() if device == "cuda" else None},
-        "method": f"median of {rounds} interleaved rounds x {steps} steps, after one warm-up call per round",
+        "method": f"median of {rounds} interleaved rounds (order reversed every other round) x {steps} steps, "
+                  "after one warm-up call per variant per round",
         "rows": [asdict(r) for r in rows.values()],
     }
 
@@ -133,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: fp32 on cpu, fp16 on cuda (bf16 for flux)")
     parser.add_argument("--batch", type=int, default=2, help="batch the model sees (CFG doubles a batch of 1)")
     parser.add_argument("--modes", default="fast,balanced,max", help="comma-separated Kiln modes")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
 

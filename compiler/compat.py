@@ -77,3 +77,17 @@ def inductor_cache_hits() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["inductor"]["fxgraph_cache_hit"])
+
+
+def is_inductor_option(name: str) -> bool:
+    """True if `name` (dotted for nested, e.g. "triton.cudagraphs") is an Inductor config setting."""
+    import torch._inductor.config as inductor_config
+
+    return name in inductor_config.get_config_copy()
+
+
+def describe_compile_failure(exc: BaseException) -> str:
+    """One line naming what actually failed inside TorchDynamo's BackendCompilerFailed wrapper."""
+    inner = getattr(exc, "inner_exception", None) or exc.__cause__ or exc
+    first = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
+    return f"{type(inner).__name__}: {first}"[:500]

@@ -74,6 +74,12 @@ class CompileOptions:
             raise OptionsError("inductor options have no effect in mode 'fast' (no Inductor); use 'balanced' or 'max'")
         if not isinstance(self.inductor, Mapping):
             raise OptionsError("inductor: expected a mapping of Inductor config names to values")
+        from .compat import is_inductor_option
+
+        unknown = [name for name in self.inductor if not is_inductor_option(name)]
+        if unknown:
+            raise OptionsError(f"inductor: {', '.join(map(repr, unknown))} is not an Inductor config setting "
+                               "(see torch._inductor.config; nested settings are dotted, e.g. 'triton.cudagraphs')")
 
     def switch(self, pass_name: str) -> str:
         return dict(self.passes).get(pass_name, "auto")

@@ -15,9 +15,9 @@ WRAPPER_KEY = "kiln.compile"
 CORE_COMPILE_KEY = "torch.compile"  # ComfyUI core's TorchCompileModel wrapper
 
 
-def make_apply_model_wrapper(compiled, stats, failure_types: tuple, allow_any_size, key: str = "diffusion_model"):
+def make_apply_model_wrapper(compiled, stats, compat, key: str = "diffusion_model"):
     """`stats` is the compiled module's KilnStats; its `fallback` set means: run eagerly.
-    `allow_any_size(tensor)` stops the compiler specialising on a tensor's length."""
+    `compat` is the compiler's compat module (failure types and shape hints, no FX here)."""
     import comfy.utils
 
     def kiln_apply_model(executor, *args, **kwargs):
@@ -29,15 +29,15 @@ def make_apply_model_wrapper(compiled, stats, failure_types: tuple, allow_any_si
         for options in (*args, *kwargs.values()):  # BaseModel.apply_model passes transformer_options positionally
             sigmas = options.get("sample_sigmas") if isinstance(options, dict) else None
             if sigmas is not None and getattr(sigmas, "dim", lambda: 0)() == 1:
-                allow_any_size(sigmas)
+                compat.allow_any_size(sigmas)
         original = comfy.utils.get_attr(executor.class_obj, key)
         comfy.utils.set_attr(executor.class_obj, key, compiled)
         start, graphs = time.perf_counter(), stats.compile_count
         try:
             return executor(*args, **kwargs)
-        except failure_types as exc:
+        except compat.compile_failure_types() as exc:
             # The compile failed, not the model: say so loudly, then run this and later steps eagerly.
-            stats.fallback = f"compile failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+            stats.fallback = f"compile failed: {compat.describe_compile_failure(exc)}"
             log.error("Kiln: %s -- running the model eagerly from now on", stats.fallback, exc_info=exc)
             comfy.utils.set_attr(executor.class_obj, key, original)
             return executor(*args, **kwargs)

@@ -54,7 +54,7 @@ class KilnCompileUNet:
         if info.fallback:  # this module already failed to compile with these options
             return self._eager(model, info.fallback)
         patched = model.clone()
-        wrapper = comfy_wrapper.make_apply_model_wrapper(compiled, info, compat.compile_failure_types(), compat.allow_any_size)
+        wrapper = comfy_wrapper.make_apply_model_wrapper(compiled, info, compat)
         note = comfy_wrapper.install(patched, wrapper)
         report = (f"Kiln will compile {type(diffusion_model).__name__} on the first sampling step "
                   f"({options.mode}, dynamic={dynamic}, cuda_graphs={cuda_graphs}).{' ' + note if note else ''}")

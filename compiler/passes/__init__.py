@@ -6,6 +6,7 @@ the kernel fusions next, the layout change last (it wraps whatever convs remain)
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable, Optional
 
@@ -39,7 +40,7 @@ def run_passes(gm: torch.fx.GraphModule, ctx: PassContext, switches: dict[str, s
         result = PassResult(graph_pass.name)
         if switch != "off":
             start = time.perf_counter()
-            graph_pass.apply(gm, PassContext(**{**ctx.__dict__, "switch": switch}), result)
+            graph_pass.apply(gm, dataclasses.replace(ctx, switch=switch), result)
             result.seconds = time.perf_counter() - start
         results.append(result)
         if progress is not None:

@@ -105,6 +105,22 @@ def test_node_rerun_reuses_the_compiled_module(compiled):
     assert _compiled_module(again) is _compiled_module(model)
 
 
+def test_a_failed_compile_runs_eagerly_and_says_so(monkeypatch, caplog):
+    from kiln.compiler import backend
+
+    def broken_lowering(*args):
+        raise RuntimeError("lowering exploded")
+
+    monkeypatch.setitem(backend.LOWERINGS, "fast", broken_lowering)
+    base = make_tiny_sd15_patcher(seed=1)
+    model, _ = KilnCompileUNet().compile(base, mode="fast")
+    assert rel_err(sample(model), sample(base)) < 1e-6  # the prompt still completes, eagerly
+    assert "lowering exploded" in _stats(model).fallback
+    assert "running the model eagerly from now on" in caplog.text
+    again, report = KilnCompileUNet().compile(base, mode="fast")
+    assert again is base and "lowering exploded" in report
+
+
 def test_invalid_advanced_options_fail_with_the_key():
     from kiln.compiler import OptionsError
 

@@ -20,6 +20,7 @@ def test_expert_string_json_or_yaml(text):
     ({"passes": {"fuse_geglu": "yes"}}, "passes.fuse_geglu='yes'"),
     ({"mode": "fast", "inductor": {"max_autotune": True}}, "no effect in mode 'fast'"),
     ({"cuda_graphs": "true"}, "cuda_graphs='true'"),
+    ({"inductor": {"max_autotun": True}}, "'max_autotun' is not an Inductor config setting"),
 ])
 def test_invalid_options_name_the_problem(kwargs, message):
     with pytest.raises(OptionsError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -34,6 +35,10 @@ def test_invalid_options_name_the_problem(kwargs, message):
 def test_invalid_expert_strings(text, message):
     with pytest.raises(OptionsError, match=message):
         parse_expert_options(text)
+
+
+def test_inductor_settings_are_accepted_by_name():
+    assert CompileOptions(inductor={"coordinate_descent_tuning": True, "triton.cudagraphs": False}).inductor
 
 
 def test_empty_expert_string_is_nothing():
