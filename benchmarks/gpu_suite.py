@@ -199,11 +199,6 @@ def update_readme(data: dict, readme: Path = README) -> None:
     readme.write_text(text[: text.index(MARK) + len(MARK)] + "\n" + performance_table(data) + "\n")
 
 
-def newest_result(results: Path = RESULTS) -> Optional[Path]:
-    files = sorted(p for p in results.glob("*.json") if re.match(r"\d{4}-\d\d-\d\d-", p.name))
-    return files[-1] if files else None
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU (checks the suite, measures nothing real)")
