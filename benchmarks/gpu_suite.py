@@ -191,8 +191,9 @@ def performance_table(data: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(data: dict, readme: Path = README) -> None:
+def update_readme(data: dict, readme: Optional[Path] = None) -> None:
     """Replace everything after the PERFORMANCE marker with the table of `data`."""
+    readme = readme or README
     text = readme.read_text()
     if MARK not in text:
         raise ValueError(f"{readme} has no {MARK} marker")
@@ -207,7 +208,12 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for <date>-<device>.json and .log")
     parser.add_argument("--no-readme", action="store_true", help="do not regenerate the README table")
+    parser.add_argument("--readme-from", type=Path, metavar="JSON",
+                        help="only regenerate the README table from a results file (e.g. one brought back from the GPU machine)")
     args = parser.parse_args(argv)
+    if args.readme_from:
+        update_readme(json.loads(args.readme_from.read_text()))
+        return 0
     device = "cpu" if args.tiny else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device: run on the GPU machine, or pass --tiny for the CPU check")

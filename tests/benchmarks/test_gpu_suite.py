@@ -37,6 +37,16 @@ def test_readme_table_is_regenerated_after_the_marker(tmp_path):
     assert "| sd15-512-cfg | kiln max | failed: OOM |" in text
 
 
+def test_readme_from_a_results_file(tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{gpu_suite.MARK}\n")
+    monkeypatch.setattr(gpu_suite, "README", readme)
+    results = tmp_path / "r.json"
+    results.write_text(json.dumps({"date": "d", "ceiling_tflops": 1.0, "machine": {"device": "H100", "torch": "2.11"}, "results": []}))
+    assert gpu_suite.main(["--readme-from", str(results)]) == 0
+    assert "GPU suite, d, H100" in readme.read_text()
+
+
 def test_flop_count_is_the_matmul_count():
     lin = torch.nn.Linear(16, 8, bias=False)
     assert gpu_suite.model_flops(lambda: lin(torch.randn(4, 16))) == 2 * 4 * 16 * 8
