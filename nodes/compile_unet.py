@@ -55,9 +55,9 @@ class KilnCompileUNet:
             return self._eager(model, info.fallback)
         patched = model.clone()
         wrapper = comfy_wrapper.make_apply_model_wrapper(compiled, info, compat)
-        note = comfy_wrapper.install(patched, wrapper)
+        notes = [comfy_wrapper.install(patched, wrapper), kernel_note(str(getattr(model, "load_device", "cpu")))]
         report = (f"Kiln will compile {type(diffusion_model).__name__} on the first sampling step "
-                  f"({options.mode}, dynamic={dynamic}, cuda_graphs={cuda_graphs}).{' ' + note if note else ''}")
+                  f"({options.mode}, dynamic={dynamic}, cuda_graphs={cuda_graphs}).{''.join(' ' + n for n in notes if n)}")
         log.info(report)
         return (patched, report)
 
@@ -66,6 +66,15 @@ class KilnCompileUNet:
         report = f"Kiln: running eagerly, nothing compiled: {reason}"
         log.warning(report)
         return (model, report)
+
+
+def kernel_note(device: str) -> str:
+    """What the user should know about Kiln's kernels on this device ("" if nothing)."""
+    from ..kernels import triton_available
+
+    if device.startswith("cuda") and not triton_available():
+        return "Triton is not installed: Kiln's kernels run their torch references (slower); install triton for full speed."
+    return ""
 
 
 NODE_CLASS_MAPPINGS = {"KilnCompileUNet": KilnCompileUNet}

@@ -48,3 +48,13 @@ def test_compiler_import_failure_passes_the_model_through(monkeypatch):
 def test_bad_advanced_options_are_an_error_naming_the_key():
     with pytest.raises(OptionsError, match="unknown key\\(s\\) 'fullgrpah'"):
         KilnCompileUNet().compile(FakePatcher(), advanced='{"fullgrpah": true}')
+
+
+def test_missing_triton_on_a_gpu_is_reported(monkeypatch):
+    from kiln.kernels import _library
+    from kiln.nodes.compile_unet import kernel_note
+
+    monkeypatch.setattr(_library, "triton_available", lambda: False)
+    monkeypatch.setattr("kiln.kernels.triton_available", lambda: False)
+    assert "Triton is not installed" in kernel_note("cuda:0")
+    assert kernel_note("cpu") == ""
