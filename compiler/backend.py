@@ -89,7 +89,31 @@ class KilnBackend:
         new, self._failures_seen = failures[self._failures_seen:], len(failures)
         if not self.stats.compiles:
             return "first compile"
-        return f"recompile: {new[-1]}" if new else "another graph of the same call (graph break)"
+        # failures of cache entries compiled by other backends (other kiln.compile / torch.compile
+        # of the same forward) say BACKEND_MATCH: they are not this model's reason
+        own = [f for f in new if "BACKEND_MATCH" not in f] or new
+        return f"recompile: {own[-1]}" if own else "another graph of the same call (graph break)"
+
+    # ---- hooks around each call of the compiled module: catch calls TorchDynamo ran eagerly ----
+
+    def before_call(self, module, args, kwargs):
+        self._call_state = (self.stats.compile_count, len(compat.guard_failures(self.code)) if self.code else 0)
+
+    def after_call(self, module, args, kwargs, output):
+        compiles, failures = self._call_state
+        if self.stats.compile_count > compiles:
+            return
+        guard_failed = self.code is not None and len(compat.guard_failures(self.code)) > failures
+        if self.stats.compile_count == 0 or guard_failed:
+            # No graph serves this call and none was compiled: TorchDynamo ran it eagerly, which
+            # happens when its recompile limit for this forward is used up. Say so; never hide it.
+            reason = (f"TorchDynamo ran a call eagerly: no compiled graph fits it and none was compiled "
+                      f"(recompile limit {compat.recompile_limit()} for {getattr(self.code, 'co_name', 'forward')} "
+                      "reached? Too many compiled variants of this model class in one process)")
+            self.stats.eager_calls += 1
+            if self.stats.eager_calls == 1:
+                log.warning("Kiln: %s", reason)
+                self.stats.warnings.append(reason)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         start = time.perf_counter()

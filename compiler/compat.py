@@ -91,3 +91,10 @@ def describe_compile_failure(exc: BaseException) -> str:
     inner = getattr(exc, "inner_exception", None) or exc.__cause__ or exc
     first = str(inner).strip().splitlines()[0] if str(inner).strip() else ""
     return f"{type(inner).__name__}: {first}"[:500]
+
+
+def recompile_limit() -> int:
+    """TorchDynamo's limit on compiled variants per code object (`recompile_limit`, formerly `cache_size_limit`)."""
+    import torch._dynamo.config as dynamo_config
+
+    return int(getattr(dynamo_config, "recompile_limit", getattr(dynamo_config, "cache_size_limit", 8)))

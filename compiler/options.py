@@ -35,8 +35,9 @@ class CompileOptions:
     """How Kiln compiles a diffusion model.
 
     mode: "fast" | "balanced" | "max" (see MODE_HELP).
-    dynamic: None lets TorchDynamo decide (static first, dynamic after a shape change), True marks
-        shapes dynamic from the first compile, False always specialises.
+    dynamic: None ("auto"): the batch dimension is dynamic from the first compile (one graph for
+        every batch >= 2), other sizes become dynamic when they first change; True: every size is
+        dynamic from the start; False: every shape is specialised (a recompile per new shape).
     cuda_graphs: capture CUDA graphs (CUDA only; on other devices it is ignored with a warning).
     passes: per-pass switch, {pass name: "auto" | "on" | "off"}; unnamed passes are "auto".
     fullgraph: fail instead of splitting the model at a graph break.

@@ -31,6 +31,8 @@ class KilnStats:
     options: dict
     compiles: list[GraphCompile] = field(default_factory=list)
     fallback: Optional[str] = None  # set when the model runs eagerly instead, with the reason
+    eager_calls: int = 0            # calls TorchDynamo ran without a compiled graph (e.g. recompile limit)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def compile_count(self) -> int:
@@ -52,6 +54,8 @@ class KilnStats:
         lines = [f"Kiln {self.options.get('mode')}: {self.compile_count} graph(s) compiled, {len(self.recompiles)} recompile(s)"]
         if self.fallback:
             lines.append(f"RUNNING EAGER: {self.fallback}")
+        if self.eager_calls:
+            lines.append(f"{self.eager_calls} call(s) ran eagerly: {self.warnings[0]}")
         lines += ["  " + c.line() for c in self.compiles]
         skipped = {name: reasons for c in self.compiles for name, reasons in c.skipped.items() if reasons}
         for name, reasons in skipped.items():
@@ -59,5 +63,6 @@ class KilnStats:
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
-        return {"options": self.options, "fallback": self.fallback, "compiles": [asdict(c) for c in self.compiles],
+        return {"options": self.options, "fallback": self.fallback, "eager_calls": self.eager_calls,
+                "warnings": self.warnings, "compiles": [asdict(c) for c in self.compiles],
                 "pass_counts": self.pass_counts, "recompiles": len(self.recompiles)}

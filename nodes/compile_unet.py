@@ -28,7 +28,7 @@ class KilnCompileUNet:
                 "mode": (list(MODES), {"default": "balanced", "tooltip":
                          "fast: quick compile, no Inductor; balanced: default; max: longest compile, most speed"}),
                 "dynamic": (list(DYNAMIC), {"default": "auto", "tooltip":
-                            "auto: specialise first, go dynamic after a shape change; true: dynamic from the start"}),
+                            "auto: any batch size from the first compile, other sizes dynamic once they change; true: all dynamic; false: specialise"}),
                 "cuda_graphs": ("BOOLEAN", {"default": False, "tooltip": "capture CUDA graphs (CUDA only)"}),
             },
             "optional": {

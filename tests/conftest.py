@@ -8,8 +8,17 @@ import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _no_grad_and_fresh_dynamo():
+def _no_grad():
     """Kiln is an inference compiler: tests run like ComfyUI does, without autograd."""
     with torch.no_grad():
         yield
 
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_dynamo_per_module():
+    """Every test module starts with empty TorchDynamo caches: the tests compile the same model
+    classes (hence the same forward code objects) many times, and TorchDynamo's per-code-object
+    recompile limit would otherwise be reached across modules."""
+    torch._dynamo.reset()
+    yield

@@ -1,0 +1,40 @@
+"""Shape policy: the batch dimension is dynamic from the first compile.
+
+ComfyUI changes the batch the diffusion model sees all the time (batch size x CFG, cond and
+uncond run together or apart, areas, ControlNet). Marking the batch dimension dynamic before the
+first compile makes one graph serve every batch of 2 or more: no recompile when it changes and
+no warm-up trick, and since the graph computes every expand/view/interpolate size from the
+symbolic batch, no size is left hard-coded from the batch it was traced at (onediff's
+`(4, 1280) != (2, 1280)` bug). A batch of 1 gets its own graph (TorchDynamo specialises sizes 0
+and 1); Kiln's stats name that recompile's reason like any other.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import compat
+
+
+def _tensors(value, depth: int = 1):
+    """Tensors in an argument: itself, or inside a dict/list/tuple (one level, e.g. added_cond_kwargs)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth and isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item, depth - 1)
+    elif depth and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item, depth - 1)
+
+
+def mark_batch_dynamic(module, args, kwargs):
+    """Forward pre-hook for a compiled module: every input tensor whose first dimension is the
+    batch (that of the first tensor argument) gets a dynamic first dimension."""
+    inputs = [t for v in (*args, *kwargs.values()) for t in _tensors(v)]
+    batch = next((t.shape[0] for t in inputs if t.dim() > 0), None)
+    if batch is None or batch < 2:
+        return None
+    for tensor in inputs:
+        if tensor.dim() > 0 and tensor.shape[0] == batch:
+            compat.allow_any_size(tensor, 0)
+    return None

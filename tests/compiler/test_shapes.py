@@ -1,0 +1,86 @@
+"""Batch changes reuse one graph, and nothing keeps the batch it was traced at (onediff's bug)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.benchmarks.models import MODELS
+from testing_utils import rel_err
+
+
+class BatchShaped(torch.nn.Module):
+    """expand / view / interpolate sizes derived from the batch, as timestep embeddings and upsamplers do."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x, t, context):
+        b = x.shape[0]
+        emb = t.expand(b)[:, None] * torch.linspace(0, 1, 8)  # timestep broadcast to the batch
+        h = x + emb.view(b, 8, 1, 1) + self.proj(context).mean(1).reshape(b, 8, 1, 1)
+        return F.interpolate(h, size=(x.shape[2] * 2, x.shape[3] * 2), mode="nearest")
+
+
+def _inputs(b):
+    return torch.randn(b, 8, 5, 7), torch.full((b,), 3.0), torch.randn(b, 7, 8)
+
+
+@pytest.mark.parametrize("mode", ["fast", "balanced"])
+def test_one_graph_serves_every_batch_and_follows_it(mode):
+    module = BatchShaped()
+    compiled = kiln.compile(module, mode=mode)
+    for b in (2, 4, 6, 8, 3, 2):
+        args = _inputs(b)
+        out = compiled(*args)
+        assert out.shape == (b, 8, 10, 14)
+        assert rel_err(out, module(*args)) < 1e-5
+    info = kiln.stats(compiled)
+    assert info.compile_count == 1 and info.compiles[0].dynamic
+
+
+def test_batch_one_is_its_own_graph_with_the_reason():
+    module = BatchShaped()
+    compiled = kiln.compile(module, mode="fast")
+    compiled(*_inputs(2))
+    args = _inputs(1)
+    assert rel_err(compiled(*args), module(*args)) < 1e-5
+    info = kiln.stats(compiled)
+    assert info.compile_count == 2 and "recompile" in info.recompiles[0].reason
+
+
+def test_static_when_asked():
+    module = BatchShaped()
+    compiled = kiln.compile(module, mode="fast", dynamic=False)
+    compiled(*_inputs(2))
+    compiled(*_inputs(4))
+    info = kiln.stats(compiled)
+    assert info.compile_count == 2 and not info.compiles[0].dynamic
+    assert "size mismatch" in info.recompiles[0].reason
+
+
+def test_onediff_scenario_on_an_sd15_unet():
+    """Batch 1, 2, 3, 4 then 1 again with CFG (the UNet sees 2, 4, 6, 8, 2): one compile, eager results."""
+    spec = MODELS["sd15"]
+    unet = spec.build("tiny")
+    compiled = kiln.compile(unet, mode="fast")
+    for user_batch in (1, 2, 3, 4, 1):
+        args, kwargs = spec.inputs(unet, batch=2 * user_batch, seed=user_batch)
+        assert rel_err(compiled(*args, **kwargs)[0], unet(*args, **kwargs)[0]) < 1e-4
+    assert kiln.stats(compiled).compile_count == 1, kiln.stats(compiled).summary()
+
+
+def test_a_call_dynamo_leaves_eager_is_reported(monkeypatch):
+    """Past TorchDynamo's recompile limit a new shape silently runs eagerly; Kiln must say so."""
+    import torch._dynamo.config as dynamo_config
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 1)
+    module = BatchShaped()
+    compiled = kiln.compile(module, mode="fast", dynamic=False)
+    compiled(*_inputs(2))
+    args = _inputs(4)
+    assert rel_err(compiled(*args), module(*args)) < 1e-5  # needs a second graph, refused by the limit: eager
+    info = kiln.stats(compiled)
+    assert info.compile_count == 1 and info.eager_calls == 1
+    assert "ran a call eagerly" in info.warnings[0] and "ran eagerly" in info.summary()
