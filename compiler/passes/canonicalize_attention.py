@@ -24,7 +24,6 @@ from .base import DIV, MUL, GraphPass, PassContext, PassResult, arg, erase_unuse
 SOFTMAX = (torch.softmax, F.softmax)
 MATMUL = (torch.matmul, torch.bmm, operator.matmul)
 CASTS = ("float", "to", "type", "half", "bfloat16")
-TRANSPOSE = ("transpose", "mT")
 
 
 def pattern_attention(q, k, v, scale: float = 0.125):

@@ -13,7 +13,7 @@ sys.path.insert(0, COMFYUI_PATH)
 cli_args = pytest.importorskip("comfy.cli_args")
 cli_args.args.cpu = True  # what `main.py --cpu` sets, before model_management reads it
 cli_args.args.use_pytorch_cross_attention = True  # the harness's server setting (SDPA attention)
-comfy = pytest.importorskip("comfy.model_management")
+pytest.importorskip("comfy.model_management")
 
 import comfy.model_base  # noqa: E402
 import comfy.model_patcher  # noqa: E402
