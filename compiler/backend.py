@@ -97,13 +97,13 @@ class KilnBackend:
     # ---- hooks around each call of the compiled module: catch calls TorchDynamo ran eagerly ----
 
     def before_call(self, module, args, kwargs):
-        self._call_state = (self.stats.compile_count, len(compat.guard_failures(self.code)) if self.code else 0)
+        self._call_state = (self.stats.compile_count, compat.guard_failure_count(self.code) if self.code else 0)
 
     def after_call(self, module, args, kwargs, output):
         compiles, failures = self._call_state
         if self.stats.compile_count > compiles:
             return
-        guard_failed = self.code is not None and len(compat.guard_failures(self.code)) > failures
+        guard_failed = self.code is not None and compat.guard_failure_count(self.code) > failures
         if self.stats.compile_count == 0 or guard_failed:
             # No graph serves this call and none was compiled: TorchDynamo ran it eagerly, which
             # happens when its recompile limit for this forward is used up. Say so; never hide it.

@@ -98,3 +98,10 @@ def recompile_limit() -> int:
     import torch._dynamo.config as dynamo_config
 
     return int(getattr(dynamo_config, "recompile_limit", getattr(dynamo_config, "cache_size_limit", 8)))
+
+
+def guard_failure_count(code) -> int:
+    """len(guard_failures(code)) without formatting the reasons (checked on every call)."""
+    from torch._dynamo.utils import guard_failures as failures
+
+    return len(failures.get(code, ()))
