@@ -149,16 +149,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: fp32 on cpu, fp16 on cuda (bf16 for flux)")
     parser.add_argument("--batch", type=int, default=2, help="batch the model sees (CFG doubles a batch of 1)")
-    parser.add_argument("--modes", default="fast,balanced,max", help="comma-separated Kiln modes")
+    parser.add_argument("--modes", default=None, help="comma-separated Kiln modes (default: fast,balanced,max; "
+                        "with --shapes: balanced)")
+    parser.add_argument("--shapes", action="store_true", help="instead: the cost of a sequence of new batch sizes and "
+                        "resolutions, against torch.compile dynamic=None and dynamic=True")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.shapes:
+        from . import shapes_bench
+
+        return shapes_bench.main(args)
     size = args.size or ("full" if args.device == "cuda" else "cpu")
     dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
-    result = run_bench(args.model, size, args.device, dtype, args.batch, [m for m in args.modes.split(",") if m],
+    result = run_bench(args.model, size, args.device, dtype, args.batch, [m for m in (args.modes or "fast,balanced,max").split(",") if m],
                        args.rounds, args.steps, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_table(result))
     if args.json:

@@ -42,10 +42,17 @@ def _sdxl_config(size: str) -> dict:
     )
 
 
-def _unet_inputs(module, batch: int, device, dtype, latent: int = 0, context_len: int = 77):
+def _latent_hw(latent, default: int) -> tuple[int, int]:
+    """`latent`: 0 (the model's default), a side, or (height, width)."""
+    if isinstance(latent, (tuple, list)):
+        return int(latent[0]), int(latent[1])
+    return (latent or default,) * 2
+
+
+def _unet_inputs(module, batch: int, device, dtype, latent=0, context_len: int = 77):
     cfg = module.config
-    size = latent or cfg.sample_size
-    x = torch.randn(batch, cfg.in_channels, size, size, device=device, dtype=dtype)
+    height, width = _latent_hw(latent, cfg.sample_size)
+    x = torch.randn(batch, cfg.in_channels, height, width, device=device, dtype=dtype)
     t = torch.full((batch,), 500.0, device=device)
     ctx = torch.randn(batch, context_len, cfg.cross_attention_dim, device=device, dtype=dtype)
     kwargs = {"encoder_hidden_states": ctx, "return_dict": False}
@@ -53,7 +60,7 @@ def _unet_inputs(module, batch: int, device, dtype, latent: int = 0, context_len
         pooled = cfg.projection_class_embeddings_input_dim - 6 * cfg.addition_time_embed_dim
         kwargs["added_cond_kwargs"] = {
             "text_embeds": torch.randn(batch, pooled, device=device, dtype=dtype),
-            "time_ids": torch.tensor([[size * 8, size * 8, 0, 0, size * 8, size * 8]] * batch, device=device, dtype=dtype),
+            "time_ids": torch.tensor([[height * 8, width * 8, 0, 0, height * 8, width * 8]] * batch, device=device, dtype=dtype),
         }
     return (x, t), kwargs
 

@@ -9,7 +9,7 @@ import torch
 from . import compat
 from .backend import KilnBackend
 from .options import CompileOptions
-from .shapes import mark_batch_dynamic
+from .shapes import mark_batch_and_resolution_dynamic
 from .passes import Progress
 from .stats import KilnStats
 
@@ -62,8 +62,8 @@ def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[b
     forward = getattr(type(module).forward, "__code__", None)
     backend = KilnBackend(options, stats, code=forward, progress=progress)
     compiled = torch.compile(module, backend=backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
-    if options.dynamic is None:  # "auto": the batch is dynamic from the first compile, other sizes when they change
-        compiled.register_forward_pre_hook(mark_batch_dynamic, with_kwargs=True)
+    if options.dynamic is None:  # "auto": batch and resolution are dynamic from the first compile, other sizes when they change
+        compiled.register_forward_pre_hook(mark_batch_and_resolution_dynamic, with_kwargs=True)
     compiled.register_forward_pre_hook(backend.before_call, with_kwargs=True)
     compiled.register_forward_hook(backend.after_call, with_kwargs=True)
     _STATS[compiled] = stats

@@ -15,6 +15,7 @@ import torch
 from . import compat
 from .options import CompileOptions
 from .passes import PASSES, PassContext, Progress, run_passes
+from .shape_manager import ShapeDispatcher
 from .stats import GraphCompile, KilnStats
 
 log = logging.getLogger("kiln")
@@ -83,6 +84,8 @@ class KilnBackend:
         # guard failures are recorded per code object, across every compile of it: count from here
         self._failures_seen = len(compat.guard_failures(code)) if code is not None else 0
         self._warned_cuda_graphs = False
+        self.calls = 0            # calls of the compiled module finished so far
+        self._capture_from = None  # the call's start, or the end of its previous graph: TorchDynamo captures from then
 
     def _reason(self) -> str:
         failures = compat.guard_failures(self.code) if self.code is not None else []
@@ -97,10 +100,12 @@ class KilnBackend:
     # ---- hooks around each call of the compiled module: catch calls TorchDynamo ran eagerly ----
 
     def before_call(self, module, args, kwargs):
+        self._capture_from = time.perf_counter()
         self._call_state = (self.stats.compile_count, compat.guard_failure_count(self.code) if self.code else 0)
 
     def after_call(self, module, args, kwargs, output):
         compiles, failures = self._call_state
+        self.calls += 1
         if self.stats.compile_count > compiles:
             return
         guard_failed = self.code is not None and compat.guard_failure_count(self.code) > failures
@@ -117,6 +122,7 @@ class KilnBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         start = time.perf_counter()
+        capture = start - (self._capture_from or start)
         reason = self._reason()
         device = _graph_device(example_inputs)
         if self.options.cuda_graphs and device != "cuda" and not self._warned_cuda_graphs:
@@ -128,6 +134,11 @@ class KilnBackend:
                           grad_enabled=torch.is_grad_enabled(), mode=self.options.mode)
         total = len(PASSES) + 1
         results = run_passes(gm, ctx, dict(self.options.passes), self.progress, total)
+        dynamic = _is_dynamic(gm)
+        # the shape manager may lower the rewritten graph again for a static signature: keep it as
+        # it is now (Inductor rewrites the graph it lowers)
+        specialisable = dynamic and self.options.mode != "fast" and self.options.shapes.specialize != "none"
+        captured = compat.copy_graph_module(gm) if specialisable else gm
         lowered, lowering = LOWERINGS[self.options.mode](gm, example_inputs, self.options, device)
         if self.progress is not None:
             self.progress(f"lowered by {lowering}", total, total)
@@ -135,8 +146,18 @@ class KilnBackend:
             index=len(self.stats.compiles), reason=reason, lowering=lowering,
             input_shapes=_user_input_shapes(gm), nodes=len(gm.graph.nodes),
             rewrites={r.name: r.rewrites for r in results}, skipped={r.name: r.skipped for r in results if r.skipped},
-            seconds=time.perf_counter() - start, dynamic=_is_dynamic(gm),
+            seconds=time.perf_counter() - start, dynamic=dynamic, capture_seconds=capture,
         )
+        self._capture_from = time.perf_counter()
         self.stats.compiles.append(record)
         log.info("Kiln compiled %s", record.line())
-        return lowered
+        if not dynamic:
+            return lowered
+        # a dynamic graph serves many shape signatures: the shape manager records and routes them
+
+        def lower_static(graph, args):
+            return LOWERINGS[self.options.mode](graph, args, self.options, device)[0]
+
+        return ShapeDispatcher(captured, lowered, lower_static if specialisable else None, self.options.shapes,
+                               self.stats, record.index, record.capture_seconds + record.seconds, self.progress,
+                               compile_pinned=self.calls == 0)

@@ -105,3 +105,19 @@ def guard_failure_count(code) -> int:
     from torch._dynamo.utils import guard_failures as failures
 
     return len(failures.get(code, ()))
+
+
+def size_expr(size):
+    """A size from a fake tensor's shape: an int, or the sympy expression of a symbolic size (`s0`, `2*s1`)."""
+    if isinstance(size, int):
+        return size
+    return size.node.expr  # torch.SymInt -> its sympy expression (checked: 2.5 - 2.13)
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of `gm` with a graph of its own (node meta shallow-copied): lowering one copy through
+    Inductor, which rewrites the graph it is given, leaves the other as TorchDynamo captured it."""
+    graph = torch.fx.Graph()
+    value, output = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    graph.output(value).meta = dict(output.meta)
+    return torch.fx.GraphModule(gm, graph)

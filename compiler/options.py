@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from .shape_policy import ShapePolicy, ShapePolicyError
+
 MODES = ("fast", "balanced", "max")
 
 # What each mode means, in one place (the node's tooltip and the README quote this).
@@ -35,14 +37,17 @@ class CompileOptions:
     """How Kiln compiles a diffusion model.
 
     mode: "fast" | "balanced" | "max" (see MODE_HELP).
-    dynamic: None ("auto"): the batch dimension is dynamic from the first compile (one graph for
-        every batch >= 2), other sizes become dynamic when they first change; True: every size is
-        dynamic from the start; False: every shape is specialised (a recompile per new shape).
+    dynamic: None ("auto"): the batch and the latent's resolution are dynamic from the first
+        compile (one graph for every batch >= 2 and every resolution), other sizes become dynamic
+        when they first change; True: every size is dynamic from the start; False: every shape
+        is specialised (a TorchDynamo recompile per new shape).
     cuda_graphs: capture CUDA graphs (CUDA only; on other devices it is ignored with a warning).
     passes: per-pass switch, {pass name: "auto" | "on" | "off"}; unnamed passes are "auto".
     fullgraph: fail instead of splitting the model at a graph break.
     inductor: extra Inductor config applied only while Kiln compiles (scoped `config.patch`),
         e.g. {"coordinate_descent_tuning": True}. Never changes the global Inductor config.
+    shapes: which shapes get a static variant of their own and how many are kept (ShapePolicy;
+        a mapping such as {"specialize": "buckets", "pin": ["1024x1024"], "max_variants": 8}).
     """
 
     mode: str = "balanced"
@@ -51,6 +56,7 @@ class CompileOptions:
     passes: Mapping[str, str] = field(default_factory=dict)
     fullgraph: bool = False
     inductor: Mapping[str, Any] = field(default_factory=dict)
+    shapes: ShapePolicy = field(default_factory=ShapePolicy)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -75,6 +81,13 @@ class CompileOptions:
             raise OptionsError("inductor options have no effect in mode 'fast' (no Inductor); use 'balanced' or 'max'")
         if not isinstance(self.inductor, Mapping):
             raise OptionsError("inductor: expected a mapping of Inductor config names to values")
+        try:
+            object.__setattr__(self, "shapes", ShapePolicy.from_mapping(self.shapes))
+        except ShapePolicyError as exc:
+            raise OptionsError(str(exc)) from None
+        if self.shapes.specialize != "none" and self.mode == "fast":
+            raise OptionsError("shapes.specialize has no effect in mode 'fast' (its FX graph runs every shape as it is); "
+                               "use 'balanced' or 'max'")
         from .compat import is_inductor_option
 
         unknown = [name for name in self.inductor if not is_inductor_option(name)]
@@ -96,6 +109,7 @@ class CompileOptions:
             "passes": dict(self.passes),
             "fullgraph": self.fullgraph,
             "inductor": dict(self.inductor),
+            "shapes": self.shapes.as_dict(),
         }
 
 

@@ -1,4 +1,4 @@
-"""Shape policy: the batch dimension is dynamic from the first compile.
+"""What is dynamic from the first compile: the batch dimension, and the latent's resolution.
 
 ComfyUI changes the batch the diffusion model sees all the time (batch size x CFG, cond and
 uncond run together or apart, areas, ControlNet). Marking the batch dimension dynamic before the
@@ -7,6 +7,12 @@ no warm-up trick, and since the graph computes every expand/view/interpolate siz
 symbolic batch, no size is left hard-coded from the batch it was traced at (onediff's
 `(4, 1280) != (2, 1280)` bug). A batch of 1 gets its own graph (TorchDynamo specialises sizes 0
 and 1); Kiln's stats name that recompile's reason like any other.
+
+The latent's height and width (the last two dims of the first 4-D or 5-D input) are marked too,
+so a new resolution runs on the same graph with no compile. A model whose code branches on the
+size (diffusers' UNet checks that it divides by its upsampling factor) gets one more graph for
+the other branch, with TorchDynamo's reason in the stats. Which resolutions deserve static
+kernels of their own is the shape manager's business (compiler/shape_manager.py).
 """
 from __future__ import annotations
 
@@ -27,10 +33,16 @@ def _tensors(value, depth: int = 1):
             yield from _tensors(item, depth - 1)
 
 
-def mark_batch_dynamic(module, args, kwargs):
+def mark_batch_and_resolution_dynamic(module, args, kwargs):
     """Forward pre-hook for a compiled module: every input tensor whose first dimension is the
-    batch (that of the first tensor argument) gets a dynamic first dimension."""
+    batch (that of the first tensor argument) gets a dynamic first dimension, and the latent
+    (the first 4-D or 5-D input) a dynamic height and width."""
     inputs = [t for v in (*args, *kwargs.values()) for t in _tensors(v)]
+    latent = next((t for t in inputs if t.dim() in (4, 5)), None)
+    if latent is not None:
+        for dim in (-2, -1):
+            if latent.shape[dim] > 1:
+                compat.allow_any_size(latent, latent.dim() + dim)
     batch = next((t.shape[0] for t in inputs if t.dim() > 0), None)
     if batch is None or batch < 2:
         return None

@@ -19,11 +19,30 @@ class GraphCompile:
     skipped: dict[str, list[str]]   # pass name -> reasons a match was left alone
     seconds: float                  # passes + lowering (TorchDynamo's tracing is not included)
     dynamic: bool = False           # the graph has symbolic shapes
+    capture_seconds: float = 0.0    # TorchDynamo's capture before Kiln's backend got the graph
 
     def line(self) -> str:
         fired = ", ".join(f"{k} x{v}" for k, v in self.rewrites.items() if v) or "none"
         return (f"graph {self.index}: {self.nodes} nodes, inputs {self.input_shapes}{' (dynamic)' if self.dynamic else ''}, "
-                f"lowered by {self.lowering} in {self.seconds:.1f}s; passes fired: {fired}; reason: {self.reason}")
+                f"captured in {self.capture_seconds:.1f}s, lowered by {self.lowering} in {self.seconds:.1f}s; passes fired: {fired}; reason: {self.reason}")
+
+
+@dataclass
+class VariantRecord:
+    """One shape signature a compiled graph has run (see compiler/shape_manager.py)."""
+
+    graph: int                      # the GraphCompile it belongs to
+    signature: str                  # "batch 2, latent 64x64 (512x512 px), context 77, float32 cpu"
+    how: str                        # "compiled" | "reused" | "specialised"
+    seconds: float                  # what obtaining it cost (0 for reused)
+    calls: int = 0
+    evicted: bool = False           # dropped by the LRU bound (shapes.max_variants)
+    note: str = ""                  # why it was specialised ("pinned", "resolution bucket"), or what failed
+
+    def line(self) -> str:
+        extra = f", {self.note}" if self.note else ""
+        return (f"graph {self.graph} {self.how} for {self.signature} in {self.seconds:.1f}s{extra}"
+                f"{' (evicted)' if self.evicted else ''}")
 
 
 @dataclass
@@ -33,6 +52,8 @@ class KilnStats:
     fallback: Optional[str] = None  # set when the model runs eagerly instead, with the reason
     eager_calls: int = 0            # calls TorchDynamo ran without a compiled graph (e.g. recompile limit)
     warnings: list[str] = field(default_factory=list)
+    variants: list[VariantRecord] = field(default_factory=list)
+    evictions: int = 0              # specialised variants dropped by the LRU bound
 
     @property
     def compile_count(self) -> int:
@@ -42,6 +63,10 @@ class KilnStats:
     def recompiles(self) -> list[GraphCompile]:
         """Graphs compiled because a guard failed (shape, dtype, grad mode...), with the reason."""
         return [c for c in self.compiles if c.reason.startswith("recompile")]
+
+    def variant_counts(self) -> dict[str, int]:
+        """How each shape signature was served: {"compiled": n, "reused": n, "specialised": n}."""
+        return dict(Counter(v.how for v in self.variants))
 
     @property
     def pass_counts(self) -> dict[str, int]:
@@ -57,6 +82,10 @@ class KilnStats:
         if self.eager_calls:
             lines.append(f"{self.eager_calls} call(s) ran eagerly: {self.warnings[0]}")
         lines += ["  " + c.line() for c in self.compiles]
+        if self.variants:
+            counts = ", ".join(f"{n} {how}" for how, n in self.variant_counts().items())
+            lines.append(f"  shape signatures: {counts}" + (f", {self.evictions} evicted" if self.evictions else ""))
+            lines += ["    " + v.line() + f", {v.calls} call(s)" for v in self.variants]
         skipped = {name: reasons for c in self.compiles for name, reasons in c.skipped.items() if reasons}
         for name, reasons in skipped.items():
             lines.append(f"  {name} skipped {len(reasons)}x: {sorted(set(reasons))[0]}")
@@ -65,4 +94,5 @@ class KilnStats:
     def as_dict(self) -> dict:
         return {"options": self.options, "fallback": self.fallback, "eager_calls": self.eager_calls,
                 "warnings": self.warnings, "compiles": [asdict(c) for c in self.compiles],
-                "pass_counts": self.pass_counts, "recompiles": len(self.recompiles)}
+                "pass_counts": self.pass_counts, "recompiles": len(self.recompiles),
+                "variants": [asdict(v) for v in self.variants], "evictions": self.evictions}

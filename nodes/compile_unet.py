@@ -32,12 +32,17 @@ class KilnCompileUNet:
                 "cuda_graphs": ("BOOLEAN", {"default": False, "tooltip": "capture CUDA graphs (CUDA only)"}),
             },
             "optional": {
+                "pin_shapes": ("STRING", {"default": "", "tooltip":
+                               "image sizes to compile static kernels for, ahead, with the first compile: WxH in "
+                               "pixels, ':B' for the batch the model sees (CFG included), e.g. 1024x1024, 832x1216:2. "
+                               "Other sizes run on the dynamic graph with no compile. Not in mode fast."}),
                 "advanced": ("STRING", {"multiline": True, "default": "", "tooltip":
-                             "expert options as JSON or YAML, e.g. passes: {fuse_geglu: on}"}),
+                             "expert options as JSON or YAML, e.g. passes: {fuse_geglu: on} or "
+                             "shapes: {specialize: buckets, max_variants: 4}"}),
             },
         }
 
-    def compile(self, model, mode="balanced", dynamic="auto", cuda_graphs=False, advanced=""):
+    def compile(self, model, mode="balanced", dynamic="auto", cuda_graphs=False, pin_shapes="", advanced=""):
         from .. import IMPORT_ERROR
 
         if IMPORT_ERROR:
@@ -45,6 +50,8 @@ class KilnCompileUNet:
         from ..compiler import KilnUnavailable, build_options, compat, compile as kiln_compile, stats
 
         options = build_options(mode, DYNAMIC[dynamic], cuda_graphs, advanced)  # OptionsError names the bad key
+        if pin_shapes.strip():  # a bad size raises ShapePolicyError naming it
+            options = options.replace(shapes=options.shapes.with_pins(pin_shapes))
         diffusion_model = model.get_model_object("diffusion_model")
         try:
             compiled = kiln_compile(diffusion_model, options=options, progress=comfy_wrapper.progress_bar())
@@ -58,6 +65,8 @@ class KilnCompileUNet:
         notes = [comfy_wrapper.install(patched, wrapper), kernel_note(str(getattr(model, "load_device", "cpu")))]
         report = (f"Kiln will compile {type(diffusion_model).__name__} on the first sampling step "
                   f"({options.mode}, dynamic={dynamic}, cuda_graphs={cuda_graphs}).{''.join(' ' + n for n in notes if n)}")
+        if options.shapes.pin:
+            report += f" Pinned shapes, compiled with it: {', '.join(map(str, options.shapes.pin))}."
         log.info(report)
         return (patched, report)
 

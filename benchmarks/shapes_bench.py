@@ -1,0 +1,188 @@
+"""`kiln bench --shapes`: what a sequence of new shapes costs, Kiln against torch.compile.
+
+ComfyUI users change batch size and resolution between prompts. This runs one sequence of
+shapes (batch 1 -> 2 -> 4 with CFG, then two more resolutions, one of them not a multiple of
+the UNet's downsampling factor) through each variant and reports, per step of the sequence:
+the time to the first result at that shape, how many graphs were compiled for it, and the
+steady time per step once compiled. Compile time is first result minus steady step.
+
+Targets (issue 3): after the first compile, a new batch costs no compile at all, and a new
+resolution costs under a tenth of the first compile.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .bench import DTYPES, _sync, own_code
+from .models import MODELS
+
+# (model batch, latent height, latent width): batch 1, 2, 4 with CFG, then new resolutions
+SEQUENCES = {
+    "tiny": [(2, 8, 8), (4, 8, 8), (8, 8, 8), (4, 8, 12), (4, 6, 8), (2, 8, 8)],
+    "cpu": [(2, 32, 32), (4, 32, 32), (8, 32, 32), (4, 24, 40), (4, 28, 36), (2, 32, 32)],
+    "full": [(2, 128, 128), (4, 128, 128), (8, 128, 128), (4, 152, 104), (4, 63, 64), (2, 128, 128)],
+}
+
+
+SHAPE_MODELS = ("sd15", "sdxl")  # UNets: latent height and width set apart
+
+
+@dataclass
+class Step:
+    batch: int
+    latent: list[int]
+    first_s: float            # time to the first result at this shape (compile included)
+    steady_ms: float          # median step once compiled
+    compile_s: float          # first_s - steady step
+    new_graphs: int           # graphs compiled for this shape
+    max_rel_err: float
+
+
+@dataclass
+class Run:
+    variant: str
+    steps: list[Step] = field(default_factory=list)
+    error: Optional[str] = None
+
+    @property
+    def total_compile_s(self) -> float:
+        return sum(s.compile_s for s in self.steps)
+
+
+def _counting(backend: Callable, counter: list) -> Callable:
+    def counted(gm, example_inputs):
+        counter.append(1)
+        return backend(gm, example_inputs)
+    return counted
+
+
+def _variants(module, modes: list[str], baselines: bool = True):
+    """name -> callable, name -> graph counter. torch.compile's default backend is Inductor."""
+    from .. import compiler as kiln
+    from ..compiler.compat import lookup_backend
+
+    graphs = {name: [] for name in ("torch.compile dynamic=None", "torch.compile dynamic=True")}
+    inductor = lookup_backend("inductor")
+    variants = {
+        "torch.compile dynamic=None": torch.compile(own_code(module, "tc_auto"), backend=_counting(inductor, graphs["torch.compile dynamic=None"])),
+        "torch.compile dynamic=True": torch.compile(own_code(module, "tc_dynamic"), dynamic=True,
+                                                    backend=_counting(inductor, graphs["torch.compile dynamic=True"])),
+    }
+    counters = {name: (lambda c=c: len(c)) for name, c in graphs.items()}
+    if not baselines:
+        variants, counters = {}, {}
+    for mode in modes:
+        compiled = variants[f"kiln {mode}"] = kiln.compile(own_code(module, f"kiln_{mode}"), mode=mode)
+        counters[f"kiln {mode}"] = lambda c=compiled: kiln.stats(c).compile_count
+    return variants, counters
+
+
+def run_shapes_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype: str = "fp32",
+                     modes=("balanced",), repeats: int = 3, baselines: bool = True, log=print) -> dict:
+    if model not in SHAPE_MODELS:
+        raise ValueError(f"kiln bench --shapes runs {', '.join(SHAPE_MODELS)}; {model!r} has no shape sequence yet")
+    spec = MODELS[model]
+    module = spec.build(size, dtype=DTYPES[dtype], device=device)
+    sequence = SEQUENCES[size]
+    log(f"kiln bench --shapes: {spec.description}, {size} size, {device} {dtype}; sequence {sequence}")
+    variants, counters = _variants(module, list(modes), baselines)
+    runs = []
+    with torch.inference_mode():
+        inputs = [spec.inputs(module, batch, device=device, dtype=DTYPES[dtype], latent=(h, w), seed=i)
+                  for i, (batch, h, w) in enumerate(sequence)]
+        references = [module(*args, **kwargs)[0].float() for args, kwargs in inputs]
+        for name, fn in variants.items():
+            run = Run(name)
+            runs.append(run)
+            try:
+                for (batch, h, w), (args, kwargs), reference in zip(sequence, inputs, references):
+                    graphs = counters[name]()
+                    _sync(device)
+                    start = time.perf_counter()
+                    out = fn(*args, **kwargs)[0]
+                    _sync(device)
+                    first = time.perf_counter() - start
+                    samples = []
+                    for _ in range(repeats):
+                        start = time.perf_counter()
+                        fn(*args, **kwargs)
+                        _sync(device)
+                        samples.append(time.perf_counter() - start)
+                    steady = statistics.median(samples)
+                    err = ((out.float() - reference).abs().max() / reference.abs().max()).item()
+                    run.steps.append(Step(batch, [h, w], first, steady * 1e3, max(first - steady, 0.0),
+                                          counters[name]() - graphs, err))
+                    log(f"  {name}: batch {batch} latent {h}x{w}: first result {first:.1f}s, "
+                        f"{run.steps[-1].new_graphs} new graph(s)")
+            except Exception as exc:  # noqa: BLE001  a failing variant is recorded, the rest still run
+                run.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+                log(f"  {name}: FAILED {run.error}")
+    return {
+        "model": model, "size": size, "device": device, "dtype": dtype, "modes": list(modes),
+        "sequence": [list(s) for s in sequence],
+        "machine": {"torch": torch.__version__, "python": platform.python_version(),
+                    "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+                    "gpu": torch.cuda.get_device_name() if device == "cuda" else None},
+        "method": f"first call per shape timed (compile included); steady = median of {repeats} calls after it",
+        "runs": [dict(asdict(r), total_compile_s=r.total_compile_s) for r in runs],
+        "targets": targets(runs),
+    }
+
+
+def targets(runs: list[Run]) -> dict:
+    """Issue 3's targets, per variant: new batches compile nothing; a new resolution < 1/10 of the first compile."""
+    verdicts = {}
+    for run in runs:
+        if run.error or not run.steps:
+            continue
+        first = run.steps[0]
+        seen: set = {tuple(first.latent)}
+        batches_free, worst_resolution = True, 0.0
+        for step in run.steps[1:]:
+            if tuple(step.latent) in seen:
+                batches_free &= step.new_graphs == 0
+            else:
+                worst_resolution = max(worst_resolution, step.compile_s / max(first.compile_s, 1e-9))
+                seen.add(tuple(step.latent))
+        verdicts[run.variant] = {"new_batch_compiles_nothing": batches_free,
+                                 "worst_new_resolution_vs_first_compile": round(worst_resolution, 3),
+                                 "new_resolution_under_a_tenth": worst_resolution < 0.1}
+    return verdicts
+
+
+def format_table(result: dict) -> str:
+    lines = []
+    for run in result["runs"]:
+        lines.append(f"{run['variant']}" + (f"  FAILED: {run['error']}" if run["error"] else ""))
+        lines.append(f"  {'batch':>5} {'latent':>8} {'first s':>9} {'compile s':>10} {'graphs':>7} {'ms/step':>9} {'rel err':>9}")
+        for s in run["steps"]:
+            latent = f"{s['latent'][0]}x{s['latent'][1]}"
+            lines.append(f"  {s['batch']:>5} {latent:>8} {s['first_s']:>9.2f} {s['compile_s']:>10.2f} {s['new_graphs']:>7} "
+                         f"{s['steady_ms']:>9.1f} {s['max_rel_err']:>9.1e}")
+        lines.append(f"  total compile {run['total_compile_s']:.1f}s")
+    for name, verdict in result["targets"].items():
+        lines.append(f"{name}: new batch compiles nothing: {'yes' if verdict['new_batch_compiles_nothing'] else 'NO'}; "
+                     f"worst new resolution = {verdict['worst_new_resolution_vs_first_compile']:.2f} x first compile "
+                     f"({'under' if verdict['new_resolution_under_a_tenth'] else 'NOT under'} a tenth)")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    size = args.size or ("full" if args.device == "cuda" else "cpu")
+    dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
+    modes = [m for m in (args.modes or "balanced").split(",") if m]
+    result = run_shapes_bench(args.model, size, args.device, dtype, modes,
+                              log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 1 if any(r["error"] for r in result["runs"]) else 0

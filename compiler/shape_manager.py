@@ -1,0 +1,218 @@
+"""The shape manager: one captured graph, many shape signatures.
+
+Kiln's backend hands TorchDynamo a `ShapeDispatcher` instead of the lowered graph whenever the
+graph has symbolic sizes. On every call the dispatcher reads the signature (the exact sizes and
+strides of the graph's activations) and runs the variant for it:
+
+- compiled:    the lowering TorchDynamo's capture produced (the first signature of a graph);
+- reused:      that same lowering, for a new signature: its sizes are symbolic, so every
+               expand/view/reshape/interpolate size is recomputed from the new inputs (nothing
+               keeps the shape it was traced at) and nothing is compiled;
+- specialised: the captured graph lowered again with every size fixed (static kernels). No
+               TorchDynamo capture and no passes: only the lowering. The ShapePolicy says which
+               signatures (pinned shapes, resolution buckets) get one; at most `max_variants` are
+               kept, the least recently used evicted.
+
+A static variant never runs a signature other than its own: the dispatcher keys on exact sizes
+and strides, and Inductor's static code asserts them besides.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from . import compat
+from .shape_policy import LATENT_FACTOR, PinnedShape, ShapePolicy
+from .stats import KilnStats, VariantRecord
+
+log = logging.getLogger("kiln")
+
+REUSED_KEPT = 256  # signatures remembered per graph for reused variants (bookkeeping only, no code)
+
+
+def is_weight(node: torch.fx.Node) -> bool:
+    """TorchDynamo lifts parameters and buffers to placeholders named after them."""
+    return "_parameters_" in node.name or "_buffers_" in node.name
+
+
+@dataclass
+class _Entry:
+    run: Callable
+    record: VariantRecord
+
+
+class ShapeDispatcher:
+    """Runs one captured graph for every signature its guards admit; see the module docstring.
+
+    `gm` is the captured graph after Kiln's passes, not yet lowered when `lower_static` is given;
+    `lower_static(gm, args)` lowers a graph for the concrete `args` (None: never specialise).
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, generic: Callable, lower_static: Optional[Callable],
+                 policy: ShapePolicy, stats: KilnStats, graph_index: int, compile_seconds: float, progress=None,
+                 compile_pinned: bool = False):
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._inputs = [i for i, n in enumerate(placeholders) if not is_weight(n)]
+        self._fakes = [compat.fake_value(n) for n in placeholders]
+        tensors = [i for i in self._inputs if isinstance(self._fakes[i], torch.Tensor)]
+        # the latent: the first 4-D (or 5-D video) activation; its dims are batch, channels, (frames,) H, W
+        self._latent = next((i for i in tensors if self._fakes[i].dim() in (4, 5)), None)
+        self._gm = gm
+        self._generic = generic
+        self._lower_static = lower_static
+        self.policy = policy
+        self.stats = stats
+        self.graph_index = graph_index
+        self._compile_seconds = compile_seconds
+        self._progress = progress
+        self._compile_pinned_ahead = compile_pinned  # only graphs of the first call: later ones are other branches
+        self._entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
+        self._first_batch: Optional[int] = None
+
+    # ---- signatures --------------------------------------------------------------------------
+
+    def _key(self, args) -> tuple:
+        key = []
+        for i in self._inputs:
+            a = args[i]
+            key.append((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a)
+        return tuple(key)
+
+    def _latent_size(self, args) -> tuple[Optional[int], Optional[tuple[int, int]]]:
+        if self._latent is None:
+            return None, None
+        shape = args[self._latent].shape
+        return shape[0], (shape[-2], shape[-1])
+
+    def describe(self, args) -> str:
+        """'batch 2, latent 64x64 (512x512 px), context 77, float16 cuda'."""
+        batch, hw = self._latent_size(args)
+        tensors = [args[i] for i in self._inputs if isinstance(args[i], torch.Tensor)]
+        parts = []
+        if hw is not None:
+            parts += [f"batch {batch}", f"latent {hw[0]}x{hw[1]} ({hw[1] * LATENT_FACTOR}x{hw[0] * LATENT_FACTOR} px)"]
+        else:
+            parts.append("inputs " + " ".join("x".join(map(str, t.shape)) for t in tensors))
+        context = next((t for t in tensors if t.dim() == 3 and t.is_floating_point()), None)
+        if context is not None and hw is not None:
+            parts.append(f"context {context.shape[1]}")
+        if tensors:
+            parts.append(f"{str(tensors[0].dtype).replace('torch.', '')} {tensors[0].device.type}")
+        return ", ".join(parts)
+
+    # ---- dispatch ----------------------------------------------------------------------------
+
+    def __call__(self, *args):
+        key = self._key(args)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._new_signature(key, args)
+        else:
+            self._entries.move_to_end(key)
+        entry.record.calls += 1
+        return entry.run(*args)
+
+    def _new_signature(self, key: tuple, args) -> _Entry:
+        batch, hw = self._latent_size(args)
+        if not self._entries:  # the signature TorchDynamo captured the graph at
+            self._first_batch = batch
+            entry = self._add(key, self._generic, "compiled", args, self._compile_seconds)
+            if self._compile_pinned_ahead:
+                self._compile_pinned(args)
+            return entry
+        if self._lower_static is not None and self.policy.wants_specialised(hw, batch, self._first_batch):
+            return self._specialise(key, args, "resolution bucket" if not self._is_pinned(hw, batch) else "pinned")
+        return self._add(key, self._generic, "reused", args, 0.0)
+
+    def _is_pinned(self, hw, batch) -> bool:
+        return any(p.latent == hw and (p.batch or self._first_batch) == batch for p in self.policy.pin)
+
+    def _add(self, key, run, how: str, args, seconds: float, note: str = "") -> _Entry:
+        record = VariantRecord(graph=self.graph_index, signature=self.describe(args), how=how, seconds=seconds, note=note)
+        self.stats.variants.append(record)
+        entry = self._entries[key] = _Entry(run, record)
+        if how != "compiled":
+            log.info("Kiln variant: %s", record.line())
+        self._evict()
+        return entry
+
+    def _specialise(self, key, args, why: str) -> _Entry:
+        start = time.perf_counter()
+        try:
+            run = self._lower_static(compat.copy_graph_module(self._gm), list(args))
+        except Exception as exc:  # noqa: BLE001  the generic graph still serves this signature; say so loudly
+            reason = f"specialising {self.describe(args)} failed ({compat.describe_compile_failure(exc)}); it runs on the dynamic graph"
+            log.error("Kiln: %s", reason, exc_info=exc)
+            self.stats.warnings.append(reason)
+            return self._add(key, self._generic, "reused", args, time.perf_counter() - start, note="specialisation failed")
+        return self._add(key, run, "specialised", args, time.perf_counter() - start, note=why)
+
+    def _evict(self) -> None:
+        specialised = [k for k, e in self._entries.items() if e.record.how == "specialised"]
+        for k in specialised[: max(len(specialised) - self.policy.max_variants, 0)]:
+            record = self._entries.pop(k).record
+            record.evicted = True
+            self.stats.evictions += 1
+            log.info("Kiln: evicted the least recently used specialised variant (%s; max_variants=%d)",
+                     record.signature, self.policy.max_variants)
+        reused = [k for k, e in self._entries.items() if e.record.how == "reused"]
+        for k in reused[: max(len(reused) - REUSED_KEPT, 0)]:
+            del self._entries[k]
+
+    # ---- pinned shapes: compiled ahead, with the first compile --------------------------------
+
+    def _compile_pinned(self, args) -> None:
+        if self._lower_static is None or self._latent is None or not self.policy.pin:
+            return
+        pins = list(self.policy.pin)
+        for done, pin in enumerate(pins, 1):
+            pinned_args = self._args_for(pin, args)
+            if pinned_args is None:  # e.g. a graph TorchDynamo specialised to batch 1: not this pin's graph
+                continue
+            key = self._key(pinned_args)
+            if key in self._entries:
+                continue
+            if self._progress is not None:
+                self._progress(f"specialising pinned shape {pin}", done, len(pins))
+            self._specialise(key, pinned_args, "pinned, compiled ahead")
+
+    def _args_for(self, pin: PinnedShape, args) -> Optional[list]:
+        """Graph inputs of the pinned shape: `args` with every symbolic size rebound (random activations)."""
+        binding: dict = {}
+        for i in self._inputs:
+            fake, real = self._fakes[i], args[i]
+            if isinstance(fake, torch.Tensor):
+                for size, value in zip(fake.shape, real.shape):
+                    expr = compat.size_expr(size)
+                    if getattr(expr, "is_Symbol", False):
+                        binding[expr] = value
+            elif isinstance(fake, torch.SymInt) and getattr(compat.size_expr(fake), "is_Symbol", False):
+                binding[compat.size_expr(fake)] = real
+        latent = [compat.size_expr(s) for s in self._fakes[self._latent].shape]
+        wanted = {0: pin.batch or self._first_batch, len(latent) - 2: pin.latent[0], len(latent) - 1: pin.latent[1]}
+        for dim, value in wanted.items():
+            if not getattr(latent[dim], "is_Symbol", False):
+                if latent[dim] != value:
+                    return None
+                continue
+            binding[latent[dim]] = value
+
+        def size(s) -> int:
+            expr = compat.size_expr(s)
+            return int(expr) if isinstance(expr, int) else int(expr.subs(binding))
+
+        new = list(args)
+        for i in self._inputs:
+            fake, real = self._fakes[i], args[i]
+            if isinstance(fake, torch.Tensor):
+                shape = [size(s) for s in fake.shape]
+                make = torch.randn if real.is_floating_point() else torch.zeros
+                new[i] = make(shape, dtype=real.dtype, device=real.device)
+            elif isinstance(fake, torch.SymInt):
+                new[i] = size(fake)
+        return new

@@ -1,0 +1,26 @@
+from kiln.benchmarks import shapes_bench
+
+
+def test_shape_sequence_reports_compiles_per_step_and_the_targets():
+    result = shapes_bench.run_shapes_bench("sd15", "tiny", modes=["fast"], repeats=1, baselines=False, log=lambda m: None)
+    (run,) = result["runs"]
+    assert run["variant"] == "kiln fast" and run["error"] is None
+    steps = run["steps"]
+    assert [s["batch"] for s in steps] == [2, 4, 8, 4, 4, 2]
+    assert steps[0]["new_graphs"] == 1 and all(s["max_rel_err"] < 1e-4 for s in steps)
+    assert [s["new_graphs"] for s in steps[1:]] == [0, 0, 0, 0, 0]  # new batches and resolutions: no compile
+    verdict = result["targets"]["kiln fast"]
+    assert verdict["new_batch_compiles_nothing"] and verdict["new_resolution_under_a_tenth"]
+    table = shapes_bench.format_table(result)
+    assert "kiln fast" in table and "new batch compiles nothing: yes" in table
+
+
+def test_targets_flag_a_variant_that_recompiles_for_a_batch():
+    def step(batch, latent, compile_s, graphs):
+        return shapes_bench.Step(batch, latent, compile_s + 0.1, 100.0, compile_s, graphs, 0.0)
+
+    run = shapes_bench.Run("torch.compile dynamic=None", [step(2, [8, 8], 50.0, 1), step(4, [8, 8], 40.0, 1),
+                                                           step(4, [8, 12], 45.0, 1)])
+    verdict = shapes_bench.targets([run])["torch.compile dynamic=None"]
+    assert not verdict["new_batch_compiles_nothing"]
+    assert verdict["worst_new_resolution_vs_first_compile"] == 0.9 and not verdict["new_resolution_under_a_tenth"]

@@ -1,0 +1,51 @@
+"""The shapes option: which signatures get static variants, and how many are kept."""
+import pytest
+
+from kiln.compiler import OptionsError, build_options
+from kiln.compiler.shape_policy import PinnedShape, ShapePolicy, ShapePolicyError, bucket_table, parse_pins
+
+
+def test_default_specialises_nothing_and_knows_the_common_resolutions():
+    policy = build_options("balanced").shapes
+    assert policy.specialize == "none" and policy.max_variants == 8
+    assert (1024, 1024) in policy.buckets and (512, 512) in policy.buckets and (832, 1216) in policy.buckets
+    assert not policy.wants_specialised((128, 128), 2, 2)
+    assert set(bucket_table()) == {"sd15", "sdxl", "flux"}
+
+
+def test_buckets_match_latent_sizes():
+    policy = build_options("max", advanced="shapes: {specialize: buckets, buckets: [sdxl]}").shapes
+    assert policy.wants_specialised((128, 128), 2, 2)        # 1024x1024
+    assert policy.wants_specialised((152, 104), 2, 2)        # 832 wide x 1216 high
+    assert not policy.wants_specialised((152, 104), 4, 2)    # at another batch: the dynamic graph
+    assert not policy.wants_specialised((64, 64), 2, 2)      # 512x512 is not an SDXL bucket here
+    assert not policy.wants_specialised((63, 64), 2, 2)      # 512x504: odd sizes run on the dynamic graph
+
+
+def test_pins_parse_and_imply_pinned_specialisation():
+    assert parse_pins("1024x1024, 832x1216:2") == (PinnedShape(1024, 1024, None), PinnedShape(832, 1216, 2))
+    policy = build_options("balanced", advanced='shapes: {pin: ["512x768:4"]}').shapes
+    assert policy.specialize == "pinned"
+    assert policy.wants_specialised((96, 64), 4, 2) and not policy.wants_specialised((96, 64), 2, 2)
+    unbatched = ShapePolicy().with_pins("512x512")
+    assert unbatched.wants_specialised((64, 64), 2, 2) and not unbatched.wants_specialised((64, 64), 4, 2)
+
+
+@pytest.mark.parametrize("advanced, message", [
+    ("shapes: {pin: 1024x1001}", "multiples of 8"),
+    ("shapes: {pin: big}", "not a shape"),
+    ("shapes: {specialize: always}", "use one of none, pinned, buckets"),
+    ("shapes: {buckets: [sd9]}", "unknown bucket list 'sd9'"),
+    ("shapes: {max_variants: 0}", "max_variants=0"),
+    ("shapes: {specialise: buckets}", "unknown key(s) 'specialise'"),
+])
+def test_bad_shape_options_name_the_problem(advanced, message):
+    with pytest.raises(OptionsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_options("balanced", advanced=advanced)
+
+
+def test_fast_mode_refuses_specialisation():
+    with pytest.raises(OptionsError, match="no effect in mode 'fast'"):
+        build_options("fast", advanced="shapes: {specialize: buckets}")
+    with pytest.raises(ShapePolicyError, match="not a shape"):
+        ShapePolicy().with_pins("1024 by 1024")
