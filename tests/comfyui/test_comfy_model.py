@@ -41,10 +41,10 @@ def make_tiny_sd15_patcher(seed: int = 0):
     return comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
 
 
-def sample(patcher, batch=1, seed=3, size=16, steps=2):
+def sample(patcher, batch=1, seed=3, size=16, steps=2, width=None):
     torch.manual_seed(seed)
-    latent = torch.zeros(batch, 4, size, size)
-    noise = torch.randn(batch, 4, size, size)
+    latent = torch.zeros(batch, 4, size, width or size)
+    noise = torch.randn(batch, 4, size, width or size)
     pos, neg = [[torch.randn(1, 7, 32), {}]], [[torch.randn(1, 7, 32), {}]]
     return comfy.sample.sample(patcher, noise, steps, 7.0, "euler", "normal", pos, neg, latent, disable_pbar=True, seed=seed)
 
@@ -97,6 +97,22 @@ def test_lora_after_compile_is_applied_without_recompiling(compiled):
     lora_eager2.add_patches(patches, 0.3)
     assert rel_err(sample(lora_compiled2), sample(lora_eager2)) < 1e-4
     assert _stats(model).compile_count == graphs, _stats(model).summary()
+
+
+def test_new_batches_and_resolutions_run_without_compiling(compiled):
+    """Batch 1 -> 2 -> 3 (CFG: the UNet sees 2, 4, 6) and new resolutions, odd and non-square ones
+    included (latent 15x15 is 120x120 px, not a multiple of 64): equal to eager, no new graph."""
+    base, model, _ = compiled
+    sample(model)
+    graphs = _stats(model).compile_count
+    for batch, size, width in [(2, 16, 16), (3, 16, 16), (1, 24, 16), (2, 15, 15), (1, 12, 20)]:
+        out, ref = sample(model, batch=batch, size=size, width=width), sample(base, batch=batch, size=size, width=width)
+        assert out.shape == (batch, 4, size, width)
+        assert rel_err(out, ref) < 1e-4, (batch, size, width)
+    info = _stats(model)
+    assert info.compile_count == graphs, info.summary()
+    assert {"batch 6, latent 16x16 (128x128 px)", "batch 4, latent 15x15 (120x120 px)"} <= {
+        v.signature.split(", context")[0] for v in info.variants if v.how == "reused"}
 
 
 def test_node_rerun_reuses_the_compiled_module(compiled):
