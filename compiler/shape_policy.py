@@ -71,7 +71,7 @@ def parse_pins(value: Any) -> tuple[PinnedShape, ...]:
     if value is None or value == "":
         return ()
     items = value.replace(";", ",").split(",") if isinstance(value, str) else list(value)
-    return tuple(parse_pin(item) for item in items if str(item).strip())
+    return tuple(parse_pin(str(item).strip()) for item in items if str(item).strip())
 
 
 def _buckets(value: Any) -> tuple[tuple[int, int], ...]:

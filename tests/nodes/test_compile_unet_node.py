@@ -58,3 +58,13 @@ def test_missing_triton_on_a_gpu_is_reported(monkeypatch):
     monkeypatch.setattr("kiln.kernels.triton_available", lambda: False)
     assert "Triton is not installed" in kernel_note("cuda:0")
     assert kernel_note("cpu") == ""
+
+
+def test_pin_shapes_input_is_declared_and_validated():
+    from kiln.compiler.shape_policy import ShapePolicyError
+
+    assert "pin_shapes" in KilnCompileUNet.INPUT_TYPES()["optional"]
+    with pytest.raises(ShapePolicyError, match="'1000x1001': width and height must be multiples of 8"):
+        KilnCompileUNet().compile(FakePatcher(), pin_shapes="1024x1024, 1000x1001")
+    with pytest.raises(OptionsError, match="no effect in mode 'fast'"):
+        KilnCompileUNet().compile(FakePatcher(), mode="fast", pin_shapes="1024x1024")
