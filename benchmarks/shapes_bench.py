@@ -11,10 +11,14 @@ resolution costs under a tenth of the first compile.
 """
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
@@ -64,74 +68,119 @@ def _counting(backend: Callable, counter: list) -> Callable:
     return counted
 
 
-def _variants(module, modes: list[str], baselines: bool = True):
-    """name -> callable, name -> graph counter. torch.compile's default backend is Inductor."""
+def variant_names(modes, baselines: bool = True) -> list[str]:
+    return (list(BASELINES) if baselines else []) + [f"kiln {mode}" for mode in modes]
+
+
+BASELINES = {"torch.compile dynamic=None": None, "torch.compile dynamic=True": True}
+
+
+def _variant(name: str, module) -> tuple[Callable, Callable[[], int]]:
+    """The compiled callable for `name` and a function counting the graphs it has compiled.
+    torch.compile's default backend is Inductor; counting wraps it without changing it."""
     from .. import compiler as kiln
     from ..compiler.compat import lookup_backend
 
-    graphs = {name: [] for name in ("torch.compile dynamic=None", "torch.compile dynamic=True")}
-    inductor = lookup_backend("inductor")
-    variants = {
-        "torch.compile dynamic=None": torch.compile(own_code(module, "tc_auto"), backend=_counting(inductor, graphs["torch.compile dynamic=None"])),
-        "torch.compile dynamic=True": torch.compile(own_code(module, "tc_dynamic"), dynamic=True,
-                                                    backend=_counting(inductor, graphs["torch.compile dynamic=True"])),
-    }
-    counters = {name: (lambda c=c: len(c)) for name, c in graphs.items()}
-    if not baselines:
-        variants, counters = {}, {}
-    for mode in modes:
-        compiled = variants[f"kiln {mode}"] = kiln.compile(own_code(module, f"kiln_{mode}"), mode=mode)
-        counters[f"kiln {mode}"] = lambda c=compiled: kiln.stats(c).compile_count
-    return variants, counters
+    tag = name.replace(" ", "_").replace(".", "_").replace("=", "_")
+    if name in BASELINES:
+        graphs: list = []
+        compiled = torch.compile(own_code(module, tag), dynamic=BASELINES[name],
+                                 backend=_counting(lookup_backend("inductor"), graphs))
+        return compiled, lambda: len(graphs)
+    compiled = kiln.compile(own_code(module, tag), mode=name.removeprefix("kiln "))
+    return compiled, lambda: kiln.stats(compiled).compile_count
 
 
-def run_shapes_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype: str = "fp32",
-                     modes=("balanced",), repeats: int = 3, baselines: bool = True, log=print) -> dict:
-    if model not in SHAPE_MODELS:
-        raise ValueError(f"kiln bench --shapes runs {', '.join(SHAPE_MODELS)}; {model!r} has no shape sequence yet")
+def _measure(name: str, module, sequence, inputs, references, device: str, repeats: int, log) -> Run:
+    run = Run(name)
+    try:
+        fn, graph_count = _variant(name, module)
+        for (batch, h, w), (args, kwargs), reference in zip(sequence, inputs, references):
+            graphs = graph_count()
+            _sync(device)
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)[0]
+            _sync(device)
+            first = time.perf_counter() - start
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn(*args, **kwargs)
+                _sync(device)
+                samples.append(time.perf_counter() - start)
+            steady = statistics.median(samples)
+            err = ((out.float() - reference).abs().max() / reference.abs().max()).item()
+            run.steps.append(Step(batch, [h, w], first, steady * 1e3, max(first - steady, 0.0),
+                                  graph_count() - graphs, err))
+            log(f"  {name}: batch {batch} latent {h}x{w}: first result {first:.1f}s, "
+                f"{run.steps[-1].new_graphs} new graph(s)")
+    except Exception as exc:  # noqa: BLE001  a failing variant is recorded, the rest still run
+        run.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        log(f"  {name}: FAILED {run.error}")
+    return run
+
+
+def _measure_in_process(names, model, size, device, dtype, repeats, log) -> list[Run]:
     spec = MODELS[model]
     module = spec.build(size, dtype=DTYPES[dtype], device=device)
     sequence = SEQUENCES[size]
-    log(f"kiln bench --shapes: {spec.description}, {size} size, {device} {dtype}; sequence {sequence}")
-    variants, counters = _variants(module, list(modes), baselines)
-    runs = []
     with torch.inference_mode():
         inputs = [spec.inputs(module, batch, device=device, dtype=DTYPES[dtype], latent=(h, w), seed=i)
                   for i, (batch, h, w) in enumerate(sequence)]
         references = [module(*args, **kwargs)[0].float() for args, kwargs in inputs]
-        for name, fn in variants.items():
-            run = Run(name)
-            runs.append(run)
-            try:
-                for (batch, h, w), (args, kwargs), reference in zip(sequence, inputs, references):
-                    graphs = counters[name]()
-                    _sync(device)
-                    start = time.perf_counter()
-                    out = fn(*args, **kwargs)[0]
-                    _sync(device)
-                    first = time.perf_counter() - start
-                    samples = []
-                    for _ in range(repeats):
-                        start = time.perf_counter()
-                        fn(*args, **kwargs)
-                        _sync(device)
-                        samples.append(time.perf_counter() - start)
-                    steady = statistics.median(samples)
-                    err = ((out.float() - reference).abs().max() / reference.abs().max()).item()
-                    run.steps.append(Step(batch, [h, w], first, steady * 1e3, max(first - steady, 0.0),
-                                          counters[name]() - graphs, err))
-                    log(f"  {name}: batch {batch} latent {h}x{w}: first result {first:.1f}s, "
-                        f"{run.steps[-1].new_graphs} new graph(s)")
-            except Exception as exc:  # noqa: BLE001  a failing variant is recorded, the rest still run
-                run.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-                log(f"  {name}: FAILED {run.error}")
+        return [_measure(name, module, sequence, inputs, references, device, repeats, log) for name in names]
+
+
+def _measure_isolated(name, model, size, device, dtype, repeats, log) -> Run:
+    """`name` alone in a new Python process with an empty Inductor cache: its first compile is cold,
+    whatever ran before it (kernels compiled by one variant would otherwise serve the next)."""
+    with tempfile.TemporaryDirectory(prefix="kiln-shapes-") as tmp:
+        out = os.path.join(tmp, "run.json")
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
+                   TRITON_CACHE_DIR=os.path.join(tmp, "triton"))
+        command = [sys.executable, "-m", __name__, "--variant", name, "--model", model, "--size", size,
+                   "--device", device, "--dtype", dtype, "--repeats", str(repeats), "--out", out]
+        log(f"  {name}: in a new process, Inductor cache {env['TORCHINDUCTOR_CACHE_DIR']}")
+        tail: list[str] = []
+        with subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as child:
+            for line in child.stderr:  # progress as it comes; the rest kept for an error message
+                line = line.rstrip("\n")
+                if line.startswith(f"  {name}: "):
+                    log(line)
+                elif line.strip():
+                    tail = (tail + [line.strip()])[-3:]
+        if child.returncode != 0 or not os.path.exists(out):
+            why = f"process exited {child.returncode}: {' | '.join(tail)}"[:300]
+            log(f"  {name}: FAILED {why}")
+            return Run(name, error=why)
+        with open(out) as f:
+            data = json.load(f)
+        return Run(name, [Step(**step) for step in data["steps"]], data["error"])
+
+
+def run_shapes_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype: str = "fp32",
+                     modes=("balanced",), repeats: int = 3, baselines: bool = True, isolate: bool = False,
+                     log=print) -> dict:
+    """With `isolate`, every variant runs in a process of its own with an empty Inductor cache
+    (what a user's first compile costs); without, all share this process (quicker, for tests)."""
+    if model not in SHAPE_MODELS:
+        raise ValueError(f"kiln bench --shapes runs {', '.join(SHAPE_MODELS)}; {model!r} has no shape sequence yet")
+    sequence = SEQUENCES[size]
+    log(f"kiln bench --shapes: {MODELS[model].description}, {size} size, {device} {dtype}; sequence {sequence}")
+    names = variant_names(modes, baselines)
+    if isolate:
+        runs = [_measure_isolated(name, model, size, device, dtype, repeats, log) for name in names]
+    else:
+        runs = _measure_in_process(names, model, size, device, dtype, repeats, log)
     return {
         "model": model, "size": size, "device": device, "dtype": dtype, "modes": list(modes),
         "sequence": [list(s) for s in sequence],
         "machine": {"torch": torch.__version__, "python": platform.python_version(),
                     "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "gpu": torch.cuda.get_device_name() if device == "cuda" else None},
-        "method": f"first call per shape timed (compile included); steady = median of {repeats} calls after it",
+        "method": (f"first call per shape timed (compile included); steady = median of {repeats} calls after it; "
+                   + ("each variant in its own process with an empty Inductor cache" if isolate
+                      else "all variants in one process, sharing Inductor's caches")),
         "runs": [dict(asdict(r), total_compile_s=r.total_compile_s) for r in runs],
         "targets": targets(runs),
     }
@@ -179,10 +228,32 @@ def main(args) -> int:
     size = args.size or ("full" if args.device == "cuda" else "cpu")
     dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
     modes = [m for m in (args.modes or "balanced").split(",") if m]
-    result = run_shapes_bench(args.model, size, args.device, dtype, modes,
+    result = run_shapes_bench(args.model, size, args.device, dtype, modes, isolate=True,
                               log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
     return 1 if any(r["error"] for r in result["runs"]) else 0
+
+
+def _child(argv=None) -> int:
+    """One variant, run by `_measure_isolated` in a fresh process; writes its Run as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--size", required=True)
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--dtype", required=True)
+    parser.add_argument("--repeats", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    (run,) = _measure_in_process([args.variant], args.model, args.size, args.device, args.dtype, args.repeats,
+                                 log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    with open(args.out, "w") as f:
+        json.dump(asdict(run), f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child())

@@ -15,7 +15,7 @@ import torch
 from . import compat
 from .options import CompileOptions
 from .passes import PASSES, PassContext, Progress, run_passes
-from .shape_manager import ShapeDispatcher
+from .shape_manager import ShapeDispatcher, is_weight
 from .stats import GraphCompile, KilnStats
 
 log = logging.getLogger("kiln")
@@ -36,7 +36,7 @@ def _user_input_shapes(gm: torch.fx.GraphModule) -> list[list]:
     """Shapes of graph inputs that are not parameters or buffers (the activations)."""
     shapes = []
     for node in gm.graph.nodes:
-        if node.op != "placeholder" or "_parameters_" in node.name or "_buffers_" in node.name:
+        if node.op != "placeholder" or is_weight(node):
             continue
         val = node.meta.get("example_value")
         if isinstance(val, torch.Tensor):

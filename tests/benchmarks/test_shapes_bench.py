@@ -24,3 +24,22 @@ def test_targets_flag_a_variant_that_recompiles_for_a_batch():
     verdict = shapes_bench.targets([run])["torch.compile dynamic=None"]
     assert not verdict["new_batch_compiles_nothing"]
     assert verdict["worst_new_resolution_vs_first_compile"] == 0.9 and not verdict["new_resolution_under_a_tenth"]
+
+
+def test_isolated_variant_runs_in_its_own_process_with_a_cold_cache():
+    lines = []
+    result = shapes_bench.run_shapes_bench("sd15", "tiny", modes=["fast"], repeats=1, baselines=False, isolate=True,
+                                           log=lines.append)
+    (run,) = result["runs"]
+    assert run["error"] is None and [s["new_graphs"] for s in run["steps"]] == [1, 0, 0, 0, 0, 0]
+    assert all(s["max_rel_err"] < 1e-4 for s in run["steps"])
+    assert "own process with an empty Inductor cache" in result["method"]
+    assert any("in a new process" in line for line in lines)
+    assert sum("kiln fast: batch" in line for line in lines) == 6  # the child's progress, forwarded
+
+
+def test_isolated_variant_that_fails_is_recorded_with_the_reason():
+    result = shapes_bench.run_shapes_bench("sd15", "tiny", modes=["no-such-mode"], repeats=1, baselines=False,
+                                           isolate=True, log=lambda m: None)
+    (run,) = result["runs"]
+    assert run["steps"] == [] and "no-such-mode" in run["error"]
