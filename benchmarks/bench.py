@@ -153,6 +153,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "with --shapes: balanced)")
     parser.add_argument("--shapes", action="store_true", help="instead: the cost of a sequence of new batch sizes and "
                         "resolutions, against torch.compile dynamic=None and dynamic=True")
+    parser.add_argument("--baselines", default=None, help="with --shapes: torch.compile variants to run, comma-separated "
+                        "from auto (dynamic=None), dynamic (dynamic=True), or none (default: both)")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")

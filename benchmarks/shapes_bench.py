@@ -68,11 +68,22 @@ def _counting(backend: Callable, counter: list) -> Callable:
     return counted
 
 
-def variant_names(modes, baselines: bool = True) -> list[str]:
-    return (list(BASELINES) if baselines else []) + [f"kiln {mode}" for mode in modes]
-
-
 BASELINES = {"torch.compile dynamic=None": None, "torch.compile dynamic=True": True}
+BASELINE_KEYS = {"auto": "torch.compile dynamic=None", "dynamic": "torch.compile dynamic=True"}  # for --baselines
+
+
+def variant_names(modes, baselines=True) -> list[str]:
+    """`baselines`: True (both torch.compile variants), False, or a list of BASELINE_KEYS."""
+    if baselines is True:
+        chosen = list(BASELINES)
+    elif not baselines:
+        chosen = []
+    else:
+        unknown = [key for key in baselines if key not in BASELINE_KEYS]
+        if unknown:
+            raise ValueError(f"unknown baseline(s) {', '.join(unknown)}; choose from {', '.join(BASELINE_KEYS)} or none")
+        chosen = [BASELINE_KEYS[key] for key in baselines]
+    return chosen + [f"kiln {mode}" for mode in modes]
 
 
 def _variant(name: str, module) -> tuple[Callable, Callable[[], int]]:
@@ -159,7 +170,7 @@ def _measure_isolated(name, model, size, device, dtype, repeats, log) -> Run:
 
 
 def run_shapes_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype: str = "fp32",
-                     modes=("balanced",), repeats: int = 3, baselines: bool = True, isolate: bool = False,
+                     modes=("balanced",), repeats: int = 3, baselines=True, isolate: bool = False,
                      log=print) -> dict:
     """With `isolate`, every variant runs in a process of its own with an empty Inductor cache
     (what a user's first compile costs); without, all share this process (quicker, for tests)."""
@@ -227,9 +238,14 @@ def format_table(result: dict) -> str:
 def main(args) -> int:
     size = args.size or ("full" if args.device == "cuda" else "cpu")
     dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
-    modes = [m for m in (args.modes or "balanced").split(",") if m]
-    result = run_shapes_bench(args.model, size, args.device, dtype, modes, isolate=True,
-                              log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    modes = [m for m in (args.modes if args.modes is not None else "balanced").split(",") if m]
+    baselines = True if args.baselines is None else [b for b in args.baselines.split(",") if b and b != "none"]
+    try:
+        result = run_shapes_bench(args.model, size, args.device, dtype, modes, baselines=baselines, isolate=True,
+                                  log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except ValueError as exc:  # a bad model or variant name: say which, no traceback
+        print(f"kiln bench --shapes: {exc}", file=sys.stderr)
+        return 2
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -43,3 +43,13 @@ def test_isolated_variant_that_fails_is_recorded_with_the_reason():
                                            isolate=True, log=lambda m: None)
     (run,) = result["runs"]
     assert run["steps"] == [] and "no-such-mode" in run["error"]
+
+
+def test_baselines_can_be_chosen_to_split_a_long_run(capsys):
+    assert shapes_bench.variant_names(["balanced"], ["dynamic"]) == ["torch.compile dynamic=True", "kiln balanced"]
+    assert shapes_bench.variant_names([], ["auto"]) == ["torch.compile dynamic=None"]
+    assert shapes_bench.variant_names(["fast"], False) == ["kiln fast"]
+    from kiln.cli import main
+
+    assert main(["bench", "--shapes", "--baselines", "static", "--modes", ""]) == 2
+    assert "unknown baseline(s) static; choose from auto, dynamic or none" in capsys.readouterr().err
