@@ -15,6 +15,7 @@ import torch
 from . import compat
 from .options import CompileOptions
 from .passes import PASSES, PassContext, Progress, run_passes
+from .cuda_graph_budget import CudaGraphBudget
 from .shape_manager import ShapeDispatcher, is_weight
 from .stats import GraphCompile, KilnStats
 
@@ -84,6 +85,7 @@ class KilnBackend:
         # guard failures are recorded per code object, across every compile of it: count from here
         self._failures_seen = len(compat.guard_failures(code)) if code is not None else 0
         self._warned_cuda_graphs = False
+        self._cuda_graph_budget: Optional[CudaGraphBudget] = None  # one per model, made with its first CUDA graph
         self.calls = 0            # calls of the compiled module finished so far
         self._capture_from = None  # the call's start, or the end of its previous graph: TorchDynamo captures from then
 
@@ -151,13 +153,22 @@ class KilnBackend:
         self._capture_from = time.perf_counter()
         self.stats.compiles.append(record)
         log.info("Kiln compiled %s", record.line())
-        if not dynamic:
+        budget = self._budget(device)
+        if not dynamic and budget is None:
             return lowered
         # a dynamic graph serves many shape signatures: the shape manager records and routes them
+        # (a static one only its own; it goes through the shape manager to count its CUDA graph)
 
         def lower_static(graph, args):
             return LOWERINGS[self.options.mode](graph, args, self.options, device)[0]
 
         return ShapeDispatcher(captured, lowered, lower_static if specialisable else None, self.options.shapes,
                                self.stats, record.index, record.capture_seconds + record.seconds, self.progress,
-                               compile_pinned=self.calls == 0)
+                               compile_pinned=dynamic and self.calls == 0, cuda_graphs=budget)
+
+    def _budget(self, device: str) -> Optional[CudaGraphBudget]:
+        if not (self.options.cuda_graphs and device == "cuda"):
+            return None
+        if self._cuda_graph_budget is None:
+            self._cuda_graph_budget = CudaGraphBudget(self.options.shapes.max_cuda_graphs)
+        return self._cuda_graph_budget

@@ -14,7 +14,9 @@ strides of the graph's activations) and runs the variant for it:
                kept, the least recently used evicted.
 
 A static variant never runs a signature other than its own: the dispatcher keys on exact sizes
-and strides, and Inductor's static code asserts them besides.
+and strides, and Inductor's static code asserts them besides. With `cuda_graphs` on, every call
+runs under the model's CudaGraphBudget (compiler/cuda_graph_budget.py), which bounds how many
+signatures record a CUDA graph.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from typing import Callable, Optional
 import torch
 
 from . import compat
+from .cuda_graph_budget import CudaGraphBudget
 from .shape_policy import LATENT_FACTOR, PinnedShape, ShapePolicy
 from .stats import KilnStats, VariantRecord
 
@@ -55,7 +58,7 @@ class ShapeDispatcher:
 
     def __init__(self, gm: torch.fx.GraphModule, generic: Callable, lower_static: Optional[Callable],
                  policy: ShapePolicy, stats: KilnStats, graph_index: int, compile_seconds: float, progress=None,
-                 compile_pinned: bool = False):
+                 compile_pinned: bool = False, cuda_graphs: Optional[CudaGraphBudget] = None):
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self._inputs = [i for i, n in enumerate(placeholders) if not is_weight(n)]
         self._fakes = [compat.fake_value(n) for n in placeholders]
@@ -73,6 +76,7 @@ class ShapeDispatcher:
         self._compile_pinned_ahead = compile_pinned  # only graphs of the first call: later ones are other branches
         self._entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
         self._first_batch: Optional[int] = None
+        self._cuda_graphs = cuda_graphs
 
     # ---- signatures --------------------------------------------------------------------------
 
@@ -115,6 +119,8 @@ class ShapeDispatcher:
         else:
             self._entries.move_to_end(key)
         entry.record.calls += 1
+        if self._cuda_graphs is not None:
+            return self._cuda_graphs.run(entry.record, entry.run, args)
         return entry.run(*args)
 
     def _new_signature(self, key: tuple, args) -> _Entry:

@@ -10,6 +10,7 @@ samples most, on a GPU, in mode `max`. The policy says which shapes those are:
       buckets: [sd15, sdxl, flux]          # names from resolution_buckets.yaml, or [[w, h], ...]
       pin: ["1024x1024", "832x1216:2"]      # WxH pixels, ":B" = the batch the model sees (CFG included)
       max_variants: 8                       # specialised variants kept (least recently used evicted)
+      max_cuda_graphs: 8                    # with cuda_graphs on: shape signatures that record one
 
 Pinned shapes are compiled ahead, with the first compile; bucket resolutions when first sampled
 at the batch the model first ran at (a new batch never compiles unless pinned).
@@ -96,22 +97,25 @@ class ShapePolicy:
     buckets: tuple[tuple[int, int], ...] = field(default_factory=lambda: _buckets(list(bucket_table())))
     pin: tuple[PinnedShape, ...] = ()
     max_variants: int = 8
+    max_cuda_graphs: int = 8
 
     def __post_init__(self):
         if self.specialize not in SPECIALIZE:
             raise ShapePolicyError(f"shapes.specialize={self.specialize!r}: use one of {', '.join(SPECIALIZE)}")
         if not isinstance(self.max_variants, int) or isinstance(self.max_variants, bool) or self.max_variants < 1:
             raise ShapePolicyError(f"shapes.max_variants={self.max_variants!r}: use a whole number >= 1")
+        if not isinstance(self.max_cuda_graphs, int) or isinstance(self.max_cuda_graphs, bool) or self.max_cuda_graphs < 0:
+            raise ShapePolicyError(f"shapes.max_cuda_graphs={self.max_cuda_graphs!r}: use a whole number >= 0")
 
     @classmethod
     def from_mapping(cls, data: Optional[Mapping]) -> "ShapePolicy":
         if isinstance(data, ShapePolicy):
             return data
         data = dict(data or {})
-        unknown = sorted(set(data) - {"specialize", "buckets", "pin", "max_variants"})
+        unknown = sorted(set(data) - {"specialize", "buckets", "pin", "max_variants", "max_cuda_graphs"})
         if unknown:
             raise ShapePolicyError(f"shapes: unknown key(s) {', '.join(map(repr, unknown))}; "
-                                   "allowed: specialize, buckets, pin, max_variants")
+                                   "allowed: specialize, buckets, pin, max_variants, max_cuda_graphs")
         fields: dict = {}
         if "specialize" in data:
             fields["specialize"] = {False: "none", None: "none"}.get(data["specialize"], data["specialize"])
@@ -120,8 +124,9 @@ class ShapePolicy:
         if "pin" in data:
             fields["pin"] = parse_pins(data["pin"])
             fields.setdefault("specialize", "pinned")
-        if "max_variants" in data:
-            fields["max_variants"] = data["max_variants"]
+        for key in ("max_variants", "max_cuda_graphs"):
+            if key in data:
+                fields[key] = data[key]
         return cls(**fields)
 
     def with_pins(self, text) -> "ShapePolicy":
@@ -142,4 +147,5 @@ class ShapePolicy:
 
     def as_dict(self) -> dict:
         return {"specialize": self.specialize, "pin": [str(p) for p in self.pin], "max_variants": self.max_variants,
+                "max_cuda_graphs": self.max_cuda_graphs,
                 "buckets": [f"{w}x{h}" for w, h in self.buckets]}

@@ -38,10 +38,12 @@ class VariantRecord:
     calls: int = 0
     evicted: bool = False           # dropped by the LRU bound (shapes.max_variants)
     note: str = ""                  # why it was specialised ("pinned", "resolution bucket"), or what failed
+    cuda_graph: str = ""            # with cuda_graphs on: "recorded" or why not (compiler/cuda_graph_budget.py)
 
     def line(self) -> str:
         extra = f", {self.note}" if self.note else ""
-        return (f"graph {self.graph} {self.how} for {self.signature} in {self.seconds:.1f}s{extra}"
+        graph = f", CUDA graph: {self.cuda_graph}" if self.cuda_graph else ""
+        return (f"graph {self.graph} {self.how} for {self.signature} in {self.seconds:.1f}s{extra}{graph}"
                 f"{' (evicted)' if self.evicted else ''}")
 
 
@@ -84,7 +86,9 @@ class KilnStats:
         lines += ["  " + c.line() for c in self.compiles]
         if self.variants:
             counts = ", ".join(f"{n} {how}" for how, n in self.variant_counts().items())
-            lines.append(f"  shape signatures: {counts}" + (f", {self.evictions} evicted" if self.evictions else ""))
+            graphs = sum(v.cuda_graph == "recorded" for v in self.variants)
+            lines.append(f"  shape signatures: {counts}" + (f", {self.evictions} evicted" if self.evictions else "")
+                         + (f", {graphs} CUDA graph(s) recorded" if any(v.cuda_graph for v in self.variants) else ""))
             lines += ["    " + v.line() + f", {v.calls} call(s)" for v in self.variants]
         skipped = {name: reasons for c in self.compiles for name, reasons in c.skipped.items() if reasons}
         for name, reasons in skipped.items():

@@ -7,7 +7,8 @@ from kiln.compiler.shape_policy import PinnedShape, ShapePolicy, ShapePolicyErro
 
 def test_default_specialises_nothing_and_knows_the_common_resolutions():
     policy = build_options("balanced").shapes
-    assert policy.specialize == "none" and policy.max_variants == 8
+    assert policy.specialize == "none" and policy.max_variants == 8 and policy.max_cuda_graphs == 8
+    assert build_options("fast", advanced="shapes: {max_cuda_graphs: 3}").shapes.max_cuda_graphs == 3
     assert (1024, 1024) in policy.buckets and (512, 512) in policy.buckets and (832, 1216) in policy.buckets
     assert not policy.wants_specialised((128, 128), 2, 2)
     assert set(bucket_table()) == {"sd15", "sdxl", "flux"}
@@ -37,6 +38,7 @@ def test_pins_parse_and_imply_pinned_specialisation():
     ("shapes: {specialize: always}", "use one of none, pinned, buckets"),
     ("shapes: {buckets: [sd9]}", "unknown bucket list 'sd9'"),
     ("shapes: {max_variants: 0}", "max_variants=0"),
+    ("shapes: {max_cuda_graphs: -1}", "max_cuda_graphs=-1"),
     ("shapes: {specialise: buckets}", "unknown key(s) 'specialise'"),
 ])
 def test_bad_shape_options_name_the_problem(advanced, message):

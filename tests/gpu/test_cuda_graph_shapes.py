@@ -6,8 +6,9 @@ the lent GPU machine run them with Triton compiling for real:
 With `cuda_graphs` on, each lowering records one CUDA graph per shape signature (torch's CUDA
 graph trees: keyed by the values of the symbolic sizes, one memory pool per device shared by
 every recording, inputs copied into static buffers). These tests check what a user relies on:
-every shape gets its own correct result, nothing recompiles, and an output kept from an earlier
-step is never silently overwritten by a later replay.
+every shape gets its own correct result, nothing recompiles, an output kept from an earlier
+step is never silently overwritten by a later replay, and shapes.max_cuda_graphs bounds the
+number of recordings.
 """
 import os
 
@@ -69,3 +70,21 @@ def test_an_output_kept_across_shapes_is_never_silently_overwritten():
         assert "overwritten" in str(exc)
     else:
         assert unchanged, "a CUDA graph replay changed an output the caller still held"
+
+
+@pytest.mark.parametrize("mode", ["fast", "balanced"])
+def test_max_cuda_graphs_bounds_the_recordings(mode):
+    module, inputs = _model()
+    compiled = kiln.compile(module, options=kiln.CompileOptions(mode=mode, cuda_graphs=True,
+                                                                shapes={"max_cuda_graphs": 2}))
+    distinct = list(dict.fromkeys(SEQUENCE))
+    for i, (batch, h, w) in enumerate(SEQUENCE):
+        args, kwargs = inputs(batch, h, w, seed=i)
+        for _ in range(3):
+            out = compiled(*args, **kwargs)[0].clone()
+        assert rel_err(out, module(*args, **kwargs)[0]) < FP16_REL_ERR, (mode, batch, h, w)
+    info = kiln.stats(compiled)
+    states = [v.cuda_graph for v in info.variants]
+    assert len(info.variants) == len(distinct), info.summary()
+    assert states[:2] == ["recorded", "recorded"], info.summary()
+    assert all(s.startswith("none: max_cuda_graphs") for s in states[2:]), info.summary()

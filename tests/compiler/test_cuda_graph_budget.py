@@ -1,0 +1,66 @@
+"""shapes.max_cuda_graphs: the budget that decides which shape signatures record a CUDA graph.
+
+CUDA graphs themselves need a GPU (tests/gpu checks them end to end); what is checked here, on
+any machine, is the contract with torch the budget relies on: torch's CUDA graph trees ask
+`is_cudagraph_capture_sizes(int_key)` before recording or replaying, and inside a Kiln call that
+question reaches the budget, which answers per signature, never beyond its bound.
+"""
+import logging
+
+import pytest
+import torch._inductor.config as inductor_config
+from torch._inductor.cudagraph_trees import is_cudagraph_capture_sizes  # what torch asks (2.11 - 2.13)
+
+from kiln.compiler.cuda_graph_budget import NOT_ASKED, OVER_BOUND, RECORDED, CudaGraphBudget
+from kiln.compiler.stats import VariantRecord
+
+
+def _record(batch: int) -> VariantRecord:
+    return VariantRecord(graph=0, signature=f"batch {batch}, latent 8x8 (64x64 px)", how="reused", seconds=0.0)
+
+
+def _torch_asks(int_key):
+    return is_cudagraph_capture_sizes(int_key)
+
+
+def test_the_first_signatures_record_up_to_the_bound_and_the_rest_say_why_not(caplog):
+    budget = CudaGraphBudget(limit=2)
+    first, second, third = _record(2), _record(4), _record(6)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        assert budget.run(first, _torch_asks, ((2, 8),)) is True
+        assert budget.run(second, _torch_asks, ((4, 8),)) is True
+        assert budget.run(third, _torch_asks, ((6, 8),)) is False  # over the bound: runs without a graph
+        assert budget.run(first, _torch_asks, ((2, 8),)) is True    # its recording still replays
+        assert budget.run(third, _torch_asks, ((6, 8),)) is False
+    assert (first.cuda_graph, second.cuda_graph, third.cuda_graph) == (RECORDED, RECORDED, OVER_BOUND)
+    assert budget.recorded == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "batch 6" in warnings[0] and "max_cuda_graphs" in warnings[0]
+
+
+def test_the_gate_is_scoped_to_kiln_calls():
+    budget = CudaGraphBudget(limit=0)
+    record = _record(2)
+    assert budget.run(record, _torch_asks, ((2, 8),)) is False
+    assert inductor_config.triton.cudagraph_capture_sizes is None  # global config untouched
+    assert is_cudagraph_capture_sizes((2, 8))                       # other models: torch's default
+
+
+def test_a_graph_torch_never_cuda_graphs_is_reported_as_such():
+    budget = CudaGraphBudget(limit=4)
+    record = _record(2)
+    assert budget.run(record, lambda x: x + 1, (1,)) == 2
+    assert record.cuda_graph == NOT_ASKED and budget.recorded == 0
+
+
+def test_a_failing_call_leaves_the_budget_clean():
+    budget = CudaGraphBudget(limit=1)
+
+    def fails(_):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        budget.run(_record(2), fails, (0,))
+    assert inductor_config.triton.cudagraph_capture_sizes is None and budget.recorded == 0
+    later = _record(4)
+    assert budget.run(later, _torch_asks, ((4, 8),)) is True and later.cuda_graph == RECORDED
