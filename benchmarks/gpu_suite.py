@@ -63,13 +63,18 @@ VARIANTS: dict[str, Callable] = {
     "kiln fast": lambda m: _kiln(m, "fast"),
     "kiln balanced": lambda m: _kiln(m, "balanced"),
     "kiln max": lambda m: _kiln(m, "max"),
+    "kiln balanced + cudagraphs": lambda m: _kiln(m, "balanced", cuda_graphs=True),
+    # the same without Kiln's Triton kernels: what they add over Inductor's own fusion, in one run
+    "kiln balanced, no kiln kernels": lambda m: _kiln(m, "balanced", kernels=False),
 }
+KERNEL_PASSES = ("fuse_geglu", "fuse_group_norm_silu")
 
 
-def _kiln(module, mode):
+def _kiln(module, mode, cuda_graphs: bool = False, kernels: bool = True):
     from .. import compiler
 
-    return compiler.compile(module, mode=mode)
+    passes = {} if kernels else {name: "off" for name in KERNEL_PASSES}
+    return compiler.compile(module, options=compiler.CompileOptions(mode=mode, cuda_graphs=cuda_graphs, passes=passes))
 
 
 @dataclass
