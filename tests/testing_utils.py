@@ -1,5 +1,11 @@
 """Helpers shared by the tests (tests/ is on pytest's pythonpath)."""
+import os
+
 import torch
+
+# Where the Triton kernel tests run: CPU tensors through Triton's interpreter (CI, the default set
+# in conftest.py), or CUDA with Triton compiling for real when run on a GPU with TRITON_INTERPRET=0.
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "0" else "cpu"
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
