@@ -13,9 +13,9 @@ from typing import Callable, Optional
 import torch
 
 from . import compat
+from .cuda_graph_budget import CudaGraphBudget
 from .options import CompileOptions
 from .passes import PASSES, PassContext, Progress, run_passes
-from .cuda_graph_budget import CudaGraphBudget
 from .shape_manager import ShapeDispatcher, is_weight
 from .stats import GraphCompile, KilnStats
 

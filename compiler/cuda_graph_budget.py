@@ -7,6 +7,8 @@ alone they record every shape they ever see. The budget bounds that: the first
 `max_cuda_graphs` signatures to run record (counted over every graph of the model); a later
 signature runs the same compiled kernels without a CUDA graph, and the log and `kiln.stats` say
 so. Correctness never depends on the budget: it only decides whether torch records or replays.
+A specialised variant evicted by `max_variants` and specialised again is a new recording and
+takes a new place (torch keeps the old one until the model is released).
 
 Mechanism: torch asks `int_key in inductor.config.triton.cudagraph_capture_sizes` before it
 records or replays (checked: torch 2.11 - 2.13). While a Kiln call runs, that setting is this
@@ -16,6 +18,7 @@ being run. Past 8 recordings of one graph torch warns (`triton.cudagraph_dynamic
 from __future__ import annotations
 
 import logging
+
 from . import compat
 
 log = logging.getLogger("kiln")
@@ -31,7 +34,7 @@ class CudaGraphBudget:
 
     def __init__(self, limit: int):
         self.limit = limit
-        self._recorded: list = []     # owners admitted to a CUDA graph, in order
+        self._recorded: list = []     # VariantRecords admitted to a CUDA graph, in order
         self._current = None
         self._asked = False
         self._scope = compat.cuda_graph_capture_gate(self)
