@@ -27,6 +27,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..compiler.passes import PASSES
 from .models import MODELS
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -66,8 +67,9 @@ VARIANTS: dict[str, Callable] = {
     "kiln balanced + cudagraphs": lambda m: _kiln(m, "balanced", cuda_graphs=True),
     # the same without Kiln's Triton kernels: what they add over Inductor's own fusion, in one run
     "kiln balanced, no kiln kernels": lambda m: _kiln(m, "balanced", kernels=False),
+    "kiln fast, no kiln kernels": lambda m: _kiln(m, "fast", kernels=False),
 }
-KERNEL_PASSES = ("fuse_geglu", "fuse_group_norm_silu")
+KERNEL_PASSES = tuple(p.name for p in PASSES if p.kernel_op)
 
 
 def _kiln(module, mode, cuda_graphs: bool = False, kernels: bool = True):

@@ -48,9 +48,9 @@ def compare(name: str, cases: list[tuple[str, tuple]], ref: Callable, kiln_op: C
 
 
 def print_rows(rows: list[dict]) -> None:
-    print(f"{'kernel':<18}{'shape':<34}{'eager ms':>10}{'inductor ms':>13}{'kiln ms':>10}{'kiln vs inductor':>18}")
+    print(f"{'kernel':<22}{'shape':<34}{'eager ms':>10}{'inductor ms':>13}{'kiln ms':>10}{'kiln vs inductor':>18}")
     for r in rows:
         e, i, k = (r.get(f"{v}_ms") for v in ("eager", "inductor", "kiln"))
         ratio = f"{i / k:.2f}x" if i and k else "-"
         fmt = lambda v: f"{v:.3f}" if v is not None else "FAILED"  # noqa: E731
-        print(f"{r['kernel']:<18}{r['shape']:<34}{fmt(e):>10}{fmt(i):>13}{fmt(k):>10}{ratio:>18}")
+        print(f"{r['kernel']:<22}{r['shape']:<34}{fmt(e):>10}{fmt(i):>13}{fmt(k):>10}{ratio:>18}")

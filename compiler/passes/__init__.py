@@ -15,6 +15,7 @@ import torch
 from .base import GraphPass, PassContext, PassResult
 from .canonicalize_attention import CanonicalizeAttention
 from .channels_last_convs import ChannelsLastConvs
+from .fuse_adaln_modulation import FuseAdalnModulation
 from .fuse_geglu import FuseGeglu
 from .fuse_group_norm_silu import FuseGroupNormSilu
 
@@ -22,6 +23,7 @@ PASSES: tuple[GraphPass, ...] = (
     CanonicalizeAttention(),
     FuseGeglu(),
     FuseGroupNormSilu(),
+    FuseAdalnModulation(),
     ChannelsLastConvs(),
 )
 PASS_NAMES = tuple(p.name for p in PASSES)

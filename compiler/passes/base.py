@@ -45,6 +45,7 @@ class GraphPass:
 
     name: str = ""
     description: str = ""
+    kernel_op: str = ""   # the kiln:: op it swaps in, if it is a kernel pass (inference-only, gated)
 
     def apply(self, gm: torch.fx.GraphModule, ctx: PassContext, result: PassResult) -> None:
         raise NotImplementedError
@@ -96,11 +97,14 @@ def erase_unused(graph: torch.fx.Graph, *nodes: Optional[torch.fx.Node]) -> None
             alive.discard(node)
 
 
-def kernel_gate(ctx: PassContext, result: PassResult, what: str) -> bool:
+def kernel_gate(ctx: PassContext, result: PassResult, what: str, fast_mode_only: bool = False) -> bool:
     """Shared decision for passes that swap in a Kiln kernel (a custom op).
 
     "auto" swaps only where the Triton kernel runs (CUDA + Triton): on a CPU the op would run its
     pure-torch reference, which is no faster than what Inductor generates for the same pattern.
+    `fast_mode_only`: the kernel replaces a fusion Inductor makes itself, and better (Inductor also
+    folds in the neighbours, e.g. the residual add before a norm, which a custom op blocks), so
+    "auto" swaps it only in mode fast, where no Inductor runs.
     "on" swaps wherever the pattern matches. Custom kernels have no autograd formula, so with
     grad enabled nothing is swapped. Every refusal is recorded as a skip with its reason.
     """
@@ -115,8 +119,13 @@ def kernel_gate(ctx: PassContext, result: PassResult, what: str) -> bool:
     if not ctx.triton:
         result.skip(f"{what}: Triton is not installed")
         return False
+    if fast_mode_only and ctx.mode != "fast":
+        result.skip(f"{what}: in mode {ctx.mode} Inductor fuses this with its neighbours (the kernel serves mode fast; "
+                    "force with passes: on)")
+        return False
     return True
 
 
 MUL = (operator.mul, torch.mul)
+ADD = (operator.add, torch.add)
 DIV = (operator.truediv, torch.div, torch.true_divide)

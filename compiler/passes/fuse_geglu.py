@@ -43,6 +43,7 @@ def _halves(chunk: torch.fx.Node):
 
 class FuseGeglu(GraphPass):
     name = "fuse_geglu"
+    kernel_op = "kiln::geglu"
     description = "chunk(2, dim=-1) + a * gelu(gate) -> kiln::geglu"
 
     def apply(self, gm: torch.fx.GraphModule, ctx: PassContext, result: PassResult) -> None:

@@ -30,6 +30,7 @@ def example_inputs():
 
 class FuseGroupNormSilu(GraphPass):
     name = "fuse_group_norm_silu"
+    kernel_op = "kiln::group_norm_silu"
     description = "GroupNorm followed by SiLU -> kiln::group_norm_silu"
 
     def apply(self, gm: torch.fx.GraphModule, ctx: PassContext, result: PassResult) -> None:
