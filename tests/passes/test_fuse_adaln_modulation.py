@@ -32,8 +32,10 @@ class AdaLN(torch.nn.Module):
             return self.norm(x) * (1 + scale[:, None]) + shift[:, None]
         if self.style == "continuous":                               # AdaLayerNormContinuous
             return self.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]
-        if self.style == "comfy":                                    # ComfyUI's modulate, scale first
+        if self.style == "comfy_mmdit":                              # ComfyUI's SD3 modulate, operands swapped
             return shift.unsqueeze(1) + (1 + scale.unsqueeze(1)) * self.norm(x)
+        if self.style == "comfy_flux":                               # ComfyUI's Flux apply_mod
+            return torch.addcmul(shift[:, None], self.norm(x), 1 + scale[:, None])
         if self.style == "per_token":                                # not AdaLN: the pass must not fire
             return self.norm(x) * (1 + x) + shift[:, None]
         raise ValueError(self.style)
@@ -46,7 +48,8 @@ class NormUsedTwice(torch.nn.Module):
 
 
 @pytest.mark.parametrize("module, expected", [
-    (AdaLN(style="diffusers"), 1), (AdaLN(style="continuous"), 1), (AdaLN(style="comfy"), 1),
+    (AdaLN(style="diffusers"), 1), (AdaLN(style="continuous"), 1), (AdaLN(style="comfy_mmdit"), 1),
+    (AdaLN(style="comfy_flux"), 1),
     (AdaLN(style="diffusers", affine=True), 1), (AdaLN(style="per_token"), 0),
 ])
 def test_forced_on_in_fast_mode(module, expected):

@@ -1,0 +1,20 @@
+"""benchmarks/gpu_session.sh is only ever run on a lent GPU machine; here it must at least parse
+and refuse a wrong part before it installs or runs anything."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_session.sh"
+
+
+def test_script_parses():
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+@pytest.mark.parametrize("args", [[], ["bogus"], ["suite"], ["shapes", "sideways"], ["tests", "extra"]])
+def test_wrong_parts_are_refused_with_the_usage(args, tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path)))
+    assert done.returncode == 2 and done.stderr.startswith("usage: gpu_session.sh tests")
+    assert not any(tmp_path.iterdir())  # nothing ran

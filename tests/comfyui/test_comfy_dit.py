@@ -1,0 +1,56 @@
+"""Kiln's DiT rewrite on ComfyUI's own Flux transformer (comfy.ldm.flux.model.Flux), whose AdaLN
+is spelled `addcmul(shift, norm(x), 1 + scale)` rather than diffusers' `norm(x) * (1 + scale) + shift`.
+Runs when COMFYUI_PATH points at a ComfyUI tree; skips otherwise."""
+import os
+import sys
+
+import pytest
+import torch
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
+if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
+    pytest.skip("COMFYUI_PATH is not set to a ComfyUI tree", allow_module_level=True)
+sys.path.insert(0, COMFYUI_PATH)
+cli_args = pytest.importorskip("comfy.cli_args")
+cli_args.args.cpu = True
+pytest.importorskip("comfy.model_management")
+
+import comfy.ldm.flux.model  # noqa: E402
+import comfy.ops  # noqa: E402
+
+import kiln  # noqa: E402
+from testing_utils import rel_err  # noqa: E402
+
+TINY_FLUX = dict(  # Flux's layout (double blocks, then single blocks), scaled down
+    in_channels=4, out_channels=4, vec_in_dim=16, context_in_dim=32, hidden_size=32, mlp_ratio=2.0, num_heads=2,
+    depth=1, depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000, patch_size=2, qkv_bias=True,
+    guidance_embed=False, txt_ids_dims=[],
+)
+
+
+def tiny_flux():
+    torch.manual_seed(0)
+    model = comfy.ldm.flux.model.Flux(operations=comfy.ops.disable_weight_init, **TINY_FLUX)
+    for p in model.parameters():  # disable_weight_init leaves them uninitialised
+        p.data.normal_(0, 0.05)
+    return model.eval().requires_grad_(False)
+
+
+def flux_inputs(batch, side=8):
+    torch.manual_seed(1)
+    return (torch.randn(batch, 4, side, side), torch.full((batch,), 0.5), torch.randn(batch, 7, 32),
+            torch.randn(batch, 16))
+
+
+def test_comfy_flux_adaln_is_fused_and_matches_eager():
+    model = tiny_flux()
+    compiled = kiln.compile(model, options=kiln.CompileOptions(mode="fast", passes={"fuse_adaln_modulation": "on"}))
+    for batch in (2, 3):
+        x, t, context, y = flux_inputs(batch)
+        assert rel_err(compiled(x, t, context, y=y), model(x, t, context, y=y)) < 1e-5
+    info = kiln.stats(compiled)
+    double, single = TINY_FLUX["depth"], TINY_FLUX["depth_single_blocks"]
+    # each double block modulates img and txt before attention and before the MLP; a single block
+    # once; the last layer once
+    assert info.pass_counts["fuse_adaln_modulation"] == 4 * double + single + 1
+    assert info.compile_count == 1
