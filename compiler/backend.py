@@ -73,8 +73,8 @@ LOWERINGS: dict[str, Callable] = {
 class KilnBackend:
     """A TorchDynamo backend bound to one model's options and stats.
 
-    `code` is the code object TorchDynamo compiles (the model's `forward`), used to read the
-    guard failure that caused a recompile.
+    `code` is the model's `forward`, named when TorchDynamo's recompile limit for it is reached.
+    The reason for a recompile is the guard failure TorchDynamo recorded during that call.
     """
 
     def __init__(self, options: CompileOptions, stats: KilnStats, code=None, progress: Optional[Progress] = None):
@@ -82,16 +82,15 @@ class KilnBackend:
         self.stats = stats
         self.code = code
         self.progress = progress
-        # guard failures are recorded per code object, across every compile of it: count from here
-        self._failures_seen = len(compat.guard_failures(code)) if code is not None else 0
+        # guard failures TorchDynamo had recorded (per code object) before this call's capture
+        self._failures_seen = compat.guard_failure_counts()
         self._warned_cuda_graphs = False
         self._cuda_graph_budget: Optional[CudaGraphBudget] = None  # one per model, made with its first CUDA graph
         self.calls = 0            # calls of the compiled module finished so far
         self._capture_from = None  # the call's start, or the end of its previous graph: TorchDynamo captures from then
 
     def _reason(self) -> str:
-        failures = compat.guard_failures(self.code) if self.code is not None else []
-        new, self._failures_seen = failures[self._failures_seen:], len(failures)
+        new, self._failures_seen = compat.guard_failures_since(self._failures_seen), compat.guard_failure_counts()
         if not self.stats.compiles:
             return "first compile"
         # failures of cache entries compiled by other backends (other kiln.compile / torch.compile
@@ -103,14 +102,15 @@ class KilnBackend:
 
     def before_call(self, module, args, kwargs):
         self._capture_from = time.perf_counter()
-        self._call_state = (self.stats.compile_count, compat.guard_failure_count(self.code) if self.code else 0)
+        self._failures_seen = compat.guard_failure_counts()
+        self._call_state = (self.stats.compile_count, self._failures_seen)
 
     def after_call(self, module, args, kwargs, output):
         compiles, failures = self._call_state
         self.calls += 1
         if self.stats.compile_count > compiles:
             return
-        guard_failed = self.code is not None and compat.guard_failure_count(self.code) > failures
+        guard_failed = compat.guard_failure_counts() != failures
         if self.stats.compile_count == 0 or guard_failed:
             # No graph serves this call and none was compiled: TorchDynamo ran it eagerly, which
             # happens when its recompile limit for this forward is used up. Say so; never hide it.

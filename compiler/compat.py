@@ -75,11 +75,21 @@ def cuda_graph_capture_gate(gate) -> Optional[Callable]:
     return scope
 
 
-def guard_failures(code) -> list[str]:
-    """TorchDynamo's recorded guard failures (recompile reasons) for a code object, oldest first."""
+def guard_failure_counts() -> dict:
+    """{code object: how many guard failures (recompile reasons) TorchDynamo has recorded for it}.
+    Cheap enough for every call: nothing is formatted."""
     from torch._dynamo.utils import guard_failures as failures
 
-    return [str(reason) for reason in failures.get(code, [])]
+    return {code: len(reasons) for code, reasons in failures.items()}
+
+
+def guard_failures_since(counts: dict) -> list[str]:
+    """The guard failures recorded after `counts` was taken, on any code object, oldest first per code.
+    TorchDynamo files them under the frame it compiles: the model's forward, or a wrapper frame of
+    its own when that forward is torch.nn's (an nn.Sequential compiled as a whole)."""
+    from torch._dynamo.utils import guard_failures as failures
+
+    return [str(reason) for code, reasons in failures.items() for reason in reasons[counts.get(code, 0):]]
 
 
 def fake_value(node: torch.fx.Node):
@@ -126,13 +136,6 @@ def recompile_limit() -> int:
     import torch._dynamo.config as dynamo_config
 
     return int(getattr(dynamo_config, "recompile_limit", getattr(dynamo_config, "cache_size_limit", 8)))
-
-
-def guard_failure_count(code) -> int:
-    """len(guard_failures(code)) without formatting the reasons (checked on every call)."""
-    from torch._dynamo.utils import guard_failures as failures
-
-    return len(failures.get(code, ()))
 
 
 def size_expr(size):

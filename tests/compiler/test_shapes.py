@@ -49,6 +49,19 @@ def test_batch_one_is_its_own_graph_with_the_reason():
     assert info.compile_count == 2 and "recompile" in info.recompiles[0].reason
 
 
+def test_the_reason_is_found_for_a_torch_nn_container_too():
+    """TorchDynamo files the guard failure under a wrapper frame of its own when the compiled
+    forward is torch.nn's (nn.Sequential), not under Sequential.forward: the reason must still be
+    TorchDynamo's, not a guessed graph break."""
+    module = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.SiLU())
+    compiled = kiln.compile(module, mode="fast")
+    compiled(torch.randn(3, 6))
+    compiled(torch.randn(2, 3, 6))  # another rank: a guard fails
+    info = kiln.stats(compiled)
+    assert info.compile_count == 2
+    assert info.recompiles[0].reason.startswith("recompile:"), info.recompiles[0].reason
+
+
 def test_static_when_asked():
     module = BatchShaped()
     compiled = kiln.compile(module, mode="fast", dynamic=False)
