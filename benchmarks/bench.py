@@ -150,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: fp32 on cpu, fp16 on cuda (bf16 for flux)")
     parser.add_argument("--batch", type=int, default=2, help="batch the model sees (CFG doubles a batch of 1)")
     parser.add_argument("--modes", default=None, help="comma-separated Kiln modes (default: fast,balanced,max; "
-                        "with --shapes: balanced)")
+                        "with --shapes: balanced; there, MODE+pin also pins the sequence's first shape)")
     parser.add_argument("--shapes", action="store_true", help="instead: the cost of a sequence of new batch sizes and "
                         "resolutions, against torch.compile dynamic=None and dynamic=True")
     parser.add_argument("--baselines", default=None, help="with --shapes: torch.compile variants to run, comma-separated "

@@ -86,7 +86,23 @@ def variant_names(modes, baselines=True) -> list[str]:
     return chosen + [f"kiln {mode}" for mode in modes]
 
 
-def _variant(name: str, module) -> tuple[Callable, Callable[[], int]]:
+PIN_SUFFIX = "+pin"  # a Kiln mode with this suffix pins the sequence's first shape (static kernels for it)
+
+
+def _kiln_options(name: str, first_shape):
+    """CompileOptions for "kiln <mode>" or "kiln <mode>+pin" (the first shape of the sequence pinned)."""
+    from .. import compiler as kiln
+    from ..compiler.shape_policy import LATENT_FACTOR
+
+    mode = name.removeprefix("kiln ")
+    if not mode.endswith(PIN_SUFFIX):
+        return kiln.CompileOptions(mode=mode)
+    batch, h, w = first_shape
+    pin = f"{w * LATENT_FACTOR}x{h * LATENT_FACTOR}:{batch}"
+    return kiln.CompileOptions(mode=mode.removesuffix(PIN_SUFFIX), shapes={"pin": [pin]})
+
+
+def _variant(name: str, module, first_shape) -> tuple[Callable, Callable[[], int]]:
     """The compiled callable for `name` and a function counting the graphs it has compiled.
     torch.compile's default backend is Inductor; counting wraps it without changing it."""
     from .. import compiler as kiln
@@ -98,14 +114,14 @@ def _variant(name: str, module) -> tuple[Callable, Callable[[], int]]:
         compiled = torch.compile(own_code(module, tag), dynamic=BASELINES[name],
                                  backend=_counting(lookup_backend("inductor"), graphs))
         return compiled, lambda: len(graphs)
-    compiled = kiln.compile(own_code(module, tag), mode=name.removeprefix("kiln "))
+    compiled = kiln.compile(own_code(module, tag), options=_kiln_options(name, first_shape))
     return compiled, lambda: kiln.stats(compiled).compile_count
 
 
 def _measure(name: str, module, sequence, inputs, references, device: str, repeats: int, log) -> Run:
     run = Run(name)
     try:
-        fn, graph_count = _variant(name, module)
+        fn, graph_count = _variant(name, module, sequence[0])
         for (batch, h, w), (args, kwargs), reference in zip(sequence, inputs, references):
             graphs = graph_count()
             _sync(device)

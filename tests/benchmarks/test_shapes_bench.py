@@ -53,3 +53,9 @@ def test_baselines_can_be_chosen_to_split_a_long_run(capsys):
 
     assert main(["bench", "--shapes", "--baselines", "static", "--modes", ""]) == 2
     assert "unknown baseline(s) static; choose from auto, dynamic or none" in capsys.readouterr().err
+
+
+def test_a_pinned_variant_pins_the_first_shape_of_the_sequence():
+    options = shapes_bench._kiln_options("kiln balanced+pin", (2, 32, 40))
+    assert options.mode == "balanced" and [str(p) for p in options.shapes.pin] == ["320x256:2"]
+    assert shapes_bench._kiln_options("kiln max", (2, 32, 40)).shapes.pin == ()
