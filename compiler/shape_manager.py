@@ -73,7 +73,9 @@ class ShapeDispatcher:
         self.graph_index = graph_index
         self._compile_seconds = compile_seconds
         self._progress = progress
-        self._compile_pinned_ahead = compile_pinned  # only graphs of the first call: later ones are other branches
+        # only graphs of the model's first call (later ones are other branches): pinned shapes are
+        # compiled ahead, and the first signature itself is specialised if the policy wants it
+        self._compile_pinned_ahead = compile_pinned
         self._entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
         self._first_batch: Optional[int] = None
         self._cuda_graphs = cuda_graphs
@@ -130,6 +132,10 @@ class ShapeDispatcher:
             entry = self._add(key, self._generic, "compiled", args, self._compile_seconds)
             if self._compile_pinned_ahead:
                 self._compile_pinned(args)
+                if self._lower_static is not None and self.policy.wants_specialised(hw, batch, batch):
+                    # the first shape is pinned or a bucket: static kernels for it too (this call still
+                    # runs the dynamic lowering it was captured for; the next ones run the static variant)
+                    self._specialise(key, args, "pinned" if self._is_pinned(hw, batch) else "resolution bucket")
             return entry
         if self._lower_static is not None and self.policy.wants_specialised(hw, batch, self._first_batch):
             return self._specialise(key, args, "resolution bucket" if not self._is_pinned(hw, batch) else "pinned")

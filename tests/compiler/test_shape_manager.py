@@ -52,14 +52,16 @@ def test_shuffled_resolutions_within_and_across_buckets_stay_within_the_bound():
     hows = _by_how(info)
     assert hows[0] == ("compiled", "batch 2, latent 8x8", False)
     specialised = [h for h in hows if h[0] == "specialised"]
-    # bound 2: 12x8 evicts 8x12 (least recently used), then 8x12 comes back and evicts 10x10
-    assert specialised == [("specialised", "batch 2, latent 8x12", True), ("specialised", "batch 2, latent 10x10", True),
+    # the first shape is a bucket: specialised with the first compile. Bound 2, least recently used
+    # evicted: 10x10 evicts 8x8, 8x8 comes back and evicts 8x12, 12x8 evicts 10x10, 8x12 evicts 8x8
+    assert specialised == [("specialised", "batch 2, latent 8x8", True), ("specialised", "batch 2, latent 8x12", True),
+                           ("specialised", "batch 2, latent 10x10", True), ("specialised", "batch 2, latent 8x8", True),
                            ("specialised", "batch 2, latent 12x8", False), ("specialised", "batch 2, latent 8x12", False)]
-    assert info.evictions == 2
+    assert info.evictions == 4
     # off-bucket and odd sizes, and bucket sizes at another batch, run on the dynamic graph: no compile
     reused = [h[1] for h in hows if h[0] == "reused"]
     assert reused == ["batch 4, latent 7x9", "batch 2, latent 63x64", "batch 6, latent 8x12", "batch 3, latent 5x11"]
-    assert "shape signatures: 1 compiled, 4 specialised, 4 reused, 2 evicted" in info.summary()
+    assert "shape signatures: 1 compiled, 6 specialised, 4 reused, 4 evicted" in info.summary()
 
 
 def test_pinned_shapes_compile_with_the_first_compile_and_serve_their_signature():
@@ -74,6 +76,20 @@ def test_pinned_shapes_compile_with_the_first_compile_and_serve_their_signature(
     args = _inputs(3, 8, 10, seed=1)
     assert rel_err(compiled(*args), module(*args)) < 1e-5
     assert len(info.variants) == 2 and info.variants[1].calls == 1  # served by the pinned variant, nothing new
+
+
+@pytest.mark.parametrize("advanced", ['shapes: {pin: ["64x64:2"]}', "shapes: {specialize: buckets, buckets: [[64, 64]]}"])
+def test_the_first_shape_gets_static_kernels_when_pinned_or_a_bucket(advanced):
+    """The shape sampled first is usually the one sampled most: pinned or a bucket, it is
+    specialised with the first compile, and every later call at it runs the static variant."""
+    module = UNetLike()
+    compiled = kiln.compile(module, options=build_options("balanced", advanced=advanced))
+    for seed in range(3):
+        args = _inputs(2, 8, 8, seed=seed)
+        assert rel_err(compiled(*args), module(*args)) < 1e-5
+    info = kiln.stats(compiled)
+    assert [(v.how, v.calls) for v in info.variants] == [("compiled", 1), ("specialised", 2)], info.summary()
+    assert info.variants[1].signature == info.variants[0].signature and info.compile_count == 1
 
 
 def test_a_static_variant_never_runs_another_layout():
