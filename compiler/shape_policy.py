@@ -13,7 +13,8 @@ samples most, on a GPU, in mode `max`. The policy says which shapes those are:
       max_cuda_graphs: 8                    # with cuda_graphs on: shape signatures that record one
 
 Pinned shapes are compiled ahead, with the first compile; bucket resolutions when first sampled
-at the batch the model first ran at (a new batch never compiles unless pinned).
+at the batch the model first ran at (a new batch never compiles unless pinned). The first call's
+own shape, pinned or a bucket, is specialised with the first compile too.
 """
 from __future__ import annotations
 
