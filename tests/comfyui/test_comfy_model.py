@@ -1,7 +1,6 @@
 """Kiln's node on ComfyUI's own classes: a ModelPatcher around ComfyUI's UNetModel, sampled by
 ComfyUI's KSampler path. Runs when COMFYUI_PATH points at a ComfyUI tree; skips otherwise."""
 import os
-import sys
 
 import pytest
 import torch
@@ -9,11 +8,7 @@ import torch
 COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
 if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
     pytest.skip("COMFYUI_PATH is not set to a ComfyUI tree", allow_module_level=True)
-sys.path.insert(0, COMFYUI_PATH)
-cli_args = pytest.importorskip("comfy.cli_args")
-cli_args.args.cpu = True  # what `main.py --cpu` sets, before model_management reads it
-cli_args.args.use_pytorch_cross_attention = True  # the harness's server setting (SDPA attention)
-pytest.importorskip("comfy.model_management")
+pytest.importorskip("comfy.model_management")  # conftest.py put COMFYUI_PATH on the path and set ComfyUI's args
 
 import comfy.model_base  # noqa: E402
 import comfy.model_patcher  # noqa: E402

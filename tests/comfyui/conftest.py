@@ -1,0 +1,17 @@
+"""ComfyUI's process-wide settings, made once before any test module here imports comfy: ComfyUI
+reads them when its modules load (the attention implementation among them), so every test module
+must see the same ones. They are what the harness's server runs with. Without COMFYUI_PATH the
+test modules skip themselves."""
+import os
+import sys
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
+if COMFYUI_PATH and os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
+    sys.path.insert(0, COMFYUI_PATH)
+    try:
+        import comfy.cli_args
+    except ImportError:  # a broken tree: the modules' importorskip says so
+        pass
+    else:
+        comfy.cli_args.args.cpu = True  # what `main.py --cpu` sets, before model_management reads it
+        comfy.cli_args.args.use_pytorch_cross_attention = True  # SDPA attention, as the harness's server
