@@ -135,7 +135,10 @@ class ShapeDispatcher:
                 if self._lower_static is not None and self.policy.wants_specialised(hw, batch, batch):
                     # the first shape is pinned or a bucket: static kernels for it too (this call still
                     # runs the dynamic lowering it was captured for; the next ones run the static variant)
-                    self._specialise(key, args, "pinned" if self._is_pinned(hw, batch) else "resolution bucket")
+                    why = "pinned" if self._is_pinned(hw, batch) else "resolution bucket"
+                    if self._progress is not None:
+                        self._progress(f"specialising the first shape ({why})", 1, 1)
+                    self._specialise(key, args, why)
             return entry
         if self._lower_static is not None and self.policy.wants_specialised(hw, batch, self._first_batch):
             return self._specialise(key, args, "resolution bucket" if not self._is_pinned(hw, batch) else "pinned")
