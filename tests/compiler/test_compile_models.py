@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.compiler import PASS_NAMES
 from kiln.benchmarks.models import MODELS
+from kiln.compiler import PASS_NAMES
 from testing_utils import rel_err
 
 ALL_ON = {name: "on" for name in PASS_NAMES}
