@@ -32,17 +32,22 @@ def out_dtype(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torc
     return torch.promote_types(torch.promote_types(x.dtype, scale.dtype), shift.dtype)
 
 
+def modulates_per_sample_channel(t_shape, x_shape) -> bool:
+    """True if a tensor of `t_shape` modulates one of `x_shape` (B, ..., C) per sample and channel:
+    (B or 1, 1, ..., 1, C or 1), right-aligned. Sizes may be ints or symbolic size expressions,
+    compared structurally (the pass checks fake shapes with it and guards nothing)."""
+    if len(x_shape) < 2 or not 1 <= len(t_shape) <= len(x_shape):
+        return False
+    sizes = [1] * (len(x_shape) - len(t_shape)) + list(t_shape)
+    return sizes[0] in (1, x_shape[0]) and sizes[-1] in (1, x_shape[-1]) and all(s == 1 for s in sizes[1:-1])
+
+
 def per_sample_channel(t: torch.Tensor, x: torch.Tensor) -> Optional[torch.Tensor]:
-    """`t` as a (B, C) view (stride 0 where it broadcasts) if it modulates x (B, ..., C) per sample
-    and channel, i.e. its shape is (B or 1, 1, ..., 1, C or 1) right-aligned against x's; else None."""
-    if x.dim() < 2 or t.dim() > x.dim() or t.dim() == 0:
+    """`t` as a (B, C) view (stride 0 where it broadcasts) if it modulates x per sample and channel; else None."""
+    if not modulates_per_sample_channel(tuple(t.shape), tuple(x.shape)):
         return None
     t = t.reshape((1,) * (x.dim() - t.dim()) + tuple(t.shape))
-    batch, channels = x.shape[0], x.shape[-1]
-    middle_ok = all(size == 1 for size in t.shape[1:-1])
-    if not middle_ok or t.shape[0] not in (1, batch) or t.shape[-1] not in (1, channels):
-        return None
-    return t.reshape(t.shape[0], t.shape[-1]).expand(batch, channels)
+    return t.reshape(t.shape[0], t.shape[-1]).expand(x.shape[0], x.shape[-1])
 
 
 @functools.lru_cache(maxsize=None)

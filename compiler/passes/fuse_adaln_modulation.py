@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import kernels  # noqa: F401  (registers torch.ops.kiln.*)
-from ...kernels.layer_norm_modulate import MAX_CHANNELS, out_dtype
+from ...kernels.layer_norm_modulate import MAX_CHANNELS, modulates_per_sample_channel, out_dtype
 from ..compat import size_expr
 from .base import ADD, MUL, GraphPass, PassContext, PassResult, arg, erase_unused, is_call, kernel_gate, only_user, value
 
@@ -64,14 +64,8 @@ def _modulation_of(norm: torch.fx.Node):
 
 
 def _modulates_per_sample_channel(t: torch.Tensor, x: torch.Tensor) -> bool:
-    """Shape (B or 1, 1, ..., 1, C or 1) right-aligned against x (B, ..., C), compared on the
-    fake tensors' size expressions (a symbolic batch matches itself; nothing is guarded)."""
-    if x.dim() < 2 or not 1 <= t.dim() <= x.dim():
-        return False
-    sizes = [1] * (x.dim() - t.dim()) + [size_expr(s) for s in t.shape]
-    batch, channels = size_expr(x.shape[0]), size_expr(x.shape[-1])
-    return (sizes[0] in (1, batch) and sizes[-1] in (1, channels)
-            and all(s == 1 for s in sizes[1:-1]))
+    """On the fake tensors' size expressions: a symbolic batch matches itself, nothing is guarded."""
+    return modulates_per_sample_channel([size_expr(s) for s in t.shape], [size_expr(s) for s in x.shape])
 
 
 class FuseAdalnModulation(GraphPass):
