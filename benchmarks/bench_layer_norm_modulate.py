@@ -41,14 +41,12 @@ def norm_modulate_kiln(x, scale, shift):
     return layer_norm_modulate(x, None, None, 1e-6, scale, shift)
 
 
-def residual_norm_modulate_ref(x, gate, attn_out, scale, shift):
-    x = x + gate * attn_out
-    return x, norm_modulate_ref(x, scale, shift)
-
-
-def residual_norm_modulate_kiln(x, gate, attn_out, scale, shift):
-    x = x + gate * attn_out
-    return x, norm_modulate_kiln(x, scale, shift)
+def with_residual(norm_modulate):
+    """The DiT step around it: `x = x + gate * attn_out`, then norm + modulation of the new x."""
+    def step(x, gate, attn_out, scale, shift):
+        x = x + gate * attn_out
+        return x, norm_modulate(x, scale, shift)
+    return step
 
 
 def main(argv=None) -> None:
@@ -61,16 +59,16 @@ def main(argv=None) -> None:
     dtype = torch.float32 if args.device == "cpu" else {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     reps = 5 if args.small else 100
     shapes = SMALL if args.small else FULL
-    alone, with_residual = [], []
+    alone, residual_cases = [], []
     for name, shape in shapes.items():
         x, scale, shift = _modulation_inputs(shape, args.device, dtype)
         alone.append((f"{name} {shape}", (x, scale, shift)))
         gate = torch.randn_like(scale)
-        with_residual.append((f"{name} +residual", (x, gate, torch.randn_like(x), scale, shift)))
+        residual_cases.append((f"{name} +residual", (x, gate, torch.randn_like(x), scale, shift)))
     rows = compare("layer_norm_modulate", alone, norm_modulate_ref, norm_modulate_kiln, args.device, reps)
     # kiln here = what Inductor builds around the op when the pass is forced on in balanced mode
-    rows += compare("layer_norm_modulate", with_residual, residual_norm_modulate_ref,
-                    torch.compile(residual_norm_modulate_kiln), args.device, reps)
+    rows += compare("layer_norm_modulate", residual_cases, with_residual(norm_modulate_ref),
+                    torch.compile(with_residual(norm_modulate_kiln)), args.device, reps)
     print_rows(rows)
     if args.json:
         with open(args.json, "w") as f:

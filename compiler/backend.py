@@ -103,14 +103,14 @@ class KilnBackend:
     def before_call(self, module, args, kwargs):
         self._capture_from = time.perf_counter()
         self._failures_seen = compat.guard_failure_counts()
-        self._call_state = (self.stats.compile_count, self._failures_seen)
+        self._call_compiles = self.stats.compile_count
 
     def after_call(self, module, args, kwargs, output):
-        compiles, failures = self._call_state
         self.calls += 1
-        if self.stats.compile_count > compiles:
+        if self.stats.compile_count > self._call_compiles:
             return
-        guard_failed = compat.guard_failure_counts() != failures
+        # no compile in this call, so _failures_seen is still the snapshot before_call took
+        guard_failed = compat.guard_failure_counts() != self._failures_seen
         if self.stats.compile_count == 0 or guard_failed:
             # No graph serves this call and none was compiled: TorchDynamo ran it eagerly, which
             # happens when its recompile limit for this forward is used up. Say so; never hide it.
