@@ -5,27 +5,29 @@ Two ways in:
 - ComfyUI: clone this folder into `ComfyUI/custom_nodes/`; the nodes register below.
 """
 import logging as _logging
+import sys as _sys
 
 __version__ = "0.1.0"
 NODE_CLASS_MAPPINGS: dict = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict = {}
-IMPORT_ERROR = None
+_log = _logging.getLogger("kiln")
 
 # A lone-file import of this __init__ (pytest's package setup does one) has no package to import from.
 if __package__:
     try:
-        from .compiler import CompileOptions, KilnStats, KilnUnavailable, OptionsError, compile, stats  # noqa: F401
+        from .compiler import (CompileOptions, KilnModel, KilnPlan, KilnStats, KilnUnavailable,  # noqa: F401
+                               OptionsError, compile, stats)
     except Exception as _exc:  # noqa: BLE001  a broken or too-old torch must not break ComfyUI's start-up
-        IMPORT_ERROR = f"{type(_exc).__name__}: {_exc}"
-        _logging.getLogger("kiln").error("Kiln's compiler cannot load (%s); Kiln nodes will pass models through eagerly",
-                                         IMPORT_ERROR)
+        _log.error("Kiln's compiler cannot load (%s: %s); Kiln nodes will pass models through eagerly",
+                   type(_exc).__name__, _exc)
 
-    try:  # inside ComfyUI only; the library and its tests run without it
-        import comfy.patcher_extension  # noqa: F401
-    except ImportError:
-        pass
-    else:
+    if "comfy" in _sys.modules:  # loaded by ComfyUI as a custom node pack (ComfyUI imports comfy first)
         from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
+        from .nodes.plan_wrapper import missing_extension_points as _missing_extension_points
 
-__all__ = ["compile", "stats", "CompileOptions", "KilnStats", "KilnUnavailable", "OptionsError",
-           "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "IMPORT_ERROR", "__version__"]
+        if _missing_extension_points():
+            _log.error("Kiln: %s; Kiln's nodes pass models through unchanged and say so in their report",
+                       _missing_extension_points())
+
+__all__ = ["compile", "stats", "CompileOptions", "KilnModel", "KilnPlan", "KilnStats", "KilnUnavailable",
+           "OptionsError", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "__version__"]

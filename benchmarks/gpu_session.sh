@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# One part of a GPU session on the lent machine, in one `run` call (each under its 10 minutes).
-# Run from the repository root there, carrying .whl (see benchmarks/README.md); results and the
-# raw log land in $OUT, to be copied into benchmarks/results/ and committed.
+# Kiln's GPU suite, one part at a time (each part takes well under 10 minutes on a recent GPU).
+# Run it from the repository root on a CUDA machine (see benchmarks/README.md):
 #
 #   bash benchmarks/gpu_session.sh tests                 # GPU-only tests + kernel tests on CUDA
 #   bash benchmarks/gpu_session.sh kernels               # kernel microbenchmarks at real shapes
 #   bash benchmarks/gpu_session.sh suite CASE[,CASE] [VARIANT,...]  # the GPU suite, some cases (all variants)
 #   bash benchmarks/gpu_session.sh shapes auto|dynamic|kiln   # kiln bench --shapes at SDXL size, one variant
+#
+# Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
 usage="usage: gpu_session.sh tests | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln"
 part="${1:-}"
@@ -14,13 +15,26 @@ case "$part ${2:-}" in
     "tests "|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln") ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
-out="${OUT:?OUT (the folder whose files come back) is not set}"
+out="${OUT:-benchmarks/results/gpu-$(date +%F)}"
+mkdir -p "$out"
 
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+pythonpath=()
+if [ -d .whl ]; then  # wheels downloaded elsewhere for a machine without network access
+    site="${TMPDIR:-/tmp}/kiln-site"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
+    pythonpath+=("$site")
 fi
-mkdir -p /tmp/pkgs && ln -sfn "$PWD" /tmp/pkgs/kiln  # the repository root is the `kiln` package
-export PYTHONPATH=/tmp/pkgs:/tmp/site PYTHONUNBUFFERED=1
+if [ "$(python3 -c 'import kiln, os; print(os.path.dirname(os.path.realpath(kiln.__file__)))' 2>/dev/null)" != "$(pwd -P)" ]; then
+    # kiln is not installed from this checkout: the repository root is the `kiln` package
+    pkgs="${TMPDIR:-/tmp}/kiln-pkgs"
+    mkdir -p "$pkgs" && ln -sfn "$PWD" "$pkgs/kiln"
+    pythonpath=("$pkgs" ${pythonpath[@]+"${pythonpath[@]}"})
+fi
+if [ ${#pythonpath[@]} -gt 0 ]; then
+    PYTHONPATH="$(IFS=:; echo "${pythonpath[*]}")${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH
+fi
+export PYTHONUNBUFFERED=1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
     | tee "$out/machine.txt"
 
@@ -31,10 +45,13 @@ case "$part" in
         for k in geglu group_norm_silu layer_norm_modulate; do
             python3 -m kiln.benchmarks.bench_$k --device cuda --json "$out/bench_$k.json"
         done 2>&1 | tee "$out/kernel-benches.log" ;;
-    suite)
+    suite)  # a folder per set of cases: the suite names its files <date>-<gpu>.json/.log
         cases="$2"
+        suite_out="$out/suite-${cases//,/-}"
+        mkdir -p "$suite_out"
         variants=(); if [ -n "${3:-}" ]; then variants=(--variants "$3"); fi
-        python3 -m kiln.benchmarks.gpu_suite --cases "$cases" "${variants[@]}" --out "$out" 2>&1 | tee "$out/suite-${cases//,/-}.log" ;;
+        python3 -m kiln.benchmarks.gpu_suite --cases "$cases" ${variants[@]+"${variants[@]}"} --out "$suite_out" 2>&1 \
+            | tee "$suite_out/suite-${cases//,/-}.log" ;;
     shapes)
         variant="$2"
         if [ "$variant" = kiln ]; then args=(--modes balanced --baselines none); else args=(--modes "" --baselines "$variant"); fi

@@ -1,8 +1,13 @@
 """Kiln's compiler: a TorchDynamo backend with named FX rewrite passes. Knows nothing of ComfyUI."""
-from .api import KilnUnavailable, compile, stats
-from .options import MODE_HELP, MODES, CompileOptions, OptionsError, build_options, parse_expert_options
+from .api import compile, stats
+from .lowering import LOWERINGS, MODE_HELP, MODES, Lowering
+from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailable_reason
+from .options import CompileOptions, OptionsError, build_options, parse_expert_options
 from .passes import PASS_NAMES
+from .plan import KilnPlan
+from .shape_policy import ShapePolicyError
 from .stats import GraphCompile, KilnStats
 
-__all__ = ["compile", "stats", "CompileOptions", "OptionsError", "KilnUnavailable", "KilnStats", "GraphCompile",
-           "build_options", "parse_expert_options", "MODES", "MODE_HELP", "PASS_NAMES"]
+__all__ = ["compile", "stats", "CompileOptions", "OptionsError", "ShapePolicyError", "KilnUnavailable", "KilnStats",
+           "GraphCompile", "KilnModel", "KilnPlan", "model_for", "unavailable_reason", "kernel_note",
+           "build_options", "parse_expert_options", "MODES", "MODE_HELP", "LOWERINGS", "Lowering", "PASS_NAMES"]

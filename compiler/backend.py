@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from . import compat
 from .cuda_graph_budget import CudaGraphBudget
 from .options import CompileOptions
-from .passes import PASSES, PassContext, Progress, run_passes
+from .passes import PASSES, PassContext, Progress, passes_uuid, run_passes
 from .shape_manager import ShapeDispatcher, is_weight
 from .stats import GraphCompile, KilnStats
 
@@ -45,36 +45,16 @@ def _user_input_shapes(gm: torch.fx.GraphModule) -> list[list]:
     return shapes
 
 
-# ---- lowerings: mode -> how the rewritten graph becomes callable ----------------------------
-
-def _lower_fx(gm, example_inputs, options: CompileOptions, device: str):
-    if options.cuda_graphs and device == "cuda":
-        return compat.lookup_backend("cudagraphs")(gm, example_inputs), "fx + cudagraphs"
-    return gm.forward, "fx"
-
-
-def _lower_inductor(gm, example_inputs, options: CompileOptions, device: str, preset: Optional[str] = None):
-    config = compat.inductor_mode_options(preset) if preset else {}
-    config["triton.cudagraphs"] = bool(options.cuda_graphs and device == "cuda")
-    config.update(options.inductor)
-    with compat.inductor_config_patch(config):
-        compiled = compat.lookup_backend("inductor")(gm, example_inputs)
-    name = "inductor" + (f" {preset}" if preset else "") + (" + cudagraphs" if config["triton.cudagraphs"] else "")
-    return compiled, name
-
-
-LOWERINGS: dict[str, Callable] = {
-    "fast": _lower_fx,
-    "balanced": _lower_inductor,
-    "max": lambda gm, ex, o, d: _lower_inductor(gm, ex, o, d, preset="max-autotune-no-cudagraphs"),
-}
-
-
 class KilnBackend:
     """A TorchDynamo backend bound to one model's options and stats.
 
-    `code` is the model's `forward`, named when TorchDynamo's recompile limit for it is reached.
-    The reason for a recompile is the guard failure TorchDynamo recorded during that call.
+    `code` is the code object TorchDynamo compiles (the model's entry function), named when
+    TorchDynamo's recompile limit for it is reached. The reason for a recompile is the guard
+    failure TorchDynamo recorded during that call.
+
+    `progress(what, done, total)` is the caller's: if it raises (ComfyUI's cancel button raises
+    from its progress callback), the compile stops there and `interrupt` holds what it raised, so
+    the caller can tell a cancelled compile from a failed one (TorchDynamo wraps both alike).
     """
 
     def __init__(self, options: CompileOptions, stats: KilnStats, code=None, progress: Optional[Progress] = None):
@@ -82,11 +62,13 @@ class KilnBackend:
         self.stats = stats
         self.code = code
         self.progress = progress
-        # guard failures TorchDynamo had recorded (per code object) before this call's capture
-        self._failures_seen = compat.guard_failure_counts()
+        # guard failures TorchDynamo had recorded (per code object) before this call's capture; taken
+        # at the start of each call and dropped at its end (it holds code objects: never keep it)
+        self._failures_seen: dict = {}
         self._warned_cuda_graphs = False
         self._cuda_graph_budget: Optional[CudaGraphBudget] = None  # one per model, made with its first CUDA graph
         self.calls = 0            # calls of the compiled module finished so far
+        self.interrupt: Optional[BaseException] = None  # what the progress callback raised, if it did
         self._capture_from = None  # the call's start, or the end of its previous graph: TorchDynamo captures from then
 
     def _reason(self) -> str:
@@ -98,14 +80,29 @@ class KilnBackend:
         own = [f for f in new if "BACKEND_MATCH" not in f] or new
         return f"recompile: {own[-1]}" if own else "another graph of the same call (graph break)"
 
-    # ---- hooks around each call of the compiled module: catch calls TorchDynamo ran eagerly ----
+    def report(self, what: str, done: int, total: int) -> None:
+        """Tell the caller's progress callback; remember it if the callback raises (a cancel)."""
+        if self.progress is None:
+            return
+        try:
+            self.progress(what, done, total)
+        except BaseException as exc:
+            self.interrupt = exc
+            raise
 
-    def before_call(self, module, args, kwargs):
+    # ---- around each call of the compiled model: catch calls TorchDynamo ran eagerly ----------
+
+    def before_call(self):
+        self.interrupt = None
         self._capture_from = time.perf_counter()
         self._failures_seen = compat.guard_failure_counts()
         self._call_compiles = self.stats.compile_count
 
-    def after_call(self, module, args, kwargs, output):
+    def end_call(self) -> None:
+        """After every call, however it ended."""
+        self._failures_seen = {}
+
+    def after_call(self):
         self.calls += 1
         if self.stats.compile_count > self._call_compiles:
             return
@@ -132,20 +129,21 @@ class KilnBackend:
             log.warning("Kiln: cuda_graphs is on but the model runs on %s; CUDA graphs are not used", device)
         from ..kernels import triton_available
 
+        lowering = self.options.lowering
         ctx = PassContext(device_type=device, triton=triton_available() and device == "cuda",
-                          grad_enabled=torch.is_grad_enabled(), mode=self.options.mode)
+                          grad_enabled=torch.is_grad_enabled(), inductor=lowering.uses_inductor, mode=self.options.mode)
         total = len(PASSES) + 1
-        results = run_passes(gm, ctx, dict(self.options.passes), self.progress, total)
+        results = run_passes(gm, ctx, dict(self.options.passes), self.report, total)
         dynamic = _is_dynamic(gm)
         # the shape manager may lower the rewritten graph again for a static signature: keep it as
         # it is now (Inductor rewrites the graph it lowers)
-        specialisable = dynamic and self.options.mode != "fast" and self.options.shapes.specialize != "none"
+        specialisable = dynamic and lowering.can_specialise and self.options.shapes.specialize != "none"
         captured = compat.copy_graph_module(gm) if specialisable else gm
-        lowered, lowering = LOWERINGS[self.options.mode](gm, example_inputs, self.options, device)
-        if self.progress is not None:
-            self.progress(f"lowered by {lowering}", total, total)
+        cache_tag = f"kiln-{passes_uuid()}"
+        lowered, lowering_name = lowering.lower(gm, example_inputs, self.options, device, cache_tag)
+        self.report(f"lowered by {lowering_name}", total, total)
         record = GraphCompile(
-            index=len(self.stats.compiles), reason=reason, lowering=lowering,
+            index=len(self.stats.compiles), reason=reason, lowering=lowering_name,
             input_shapes=_user_input_shapes(gm), nodes=len(gm.graph.nodes),
             rewrites={r.name: r.rewrites for r in results}, skipped={r.name: r.skipped for r in results if r.skipped},
             seconds=time.perf_counter() - start, dynamic=dynamic, capture_seconds=capture,
@@ -160,10 +158,10 @@ class KilnBackend:
         # (a static one only its own; it goes through the shape manager to count its CUDA graph)
 
         def lower_static(graph, args):
-            return LOWERINGS[self.options.mode](graph, args, self.options, device)[0]
+            return lowering.lower(graph, args, self.options, device, cache_tag)[0]
 
         return ShapeDispatcher(captured, lowered, lower_static if specialisable else None, self.options.shapes,
-                               self.stats, record.index, record.capture_seconds + record.seconds, self.progress,
+                               self.stats, record.index, record.capture_seconds + record.seconds, self.report,
                                compile_pinned=dynamic and self.calls == 0, cuda_graphs=budget)
 
     def _budget(self, device: str) -> Optional[CudaGraphBudget]:

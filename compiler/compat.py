@@ -47,6 +47,25 @@ def inductor_config_patch(changes: Mapping[str, Any]):
     return inductor_config.patch(dict(changes))
 
 
+def cache_key_tag(tag: str):
+    """Scoped `torch.compiler.config.cache_key_tag`: Inductor's FX graph cache key includes it (checked:
+    torch 2.6 - 2.13). A no-op where torch lacks it or `tag` is empty."""
+    import torch.compiler.config as compiler_config
+
+    if not tag or not hasattr(compiler_config, "cache_key_tag"):
+        return contextlib.nullcontext()
+    return compiler_config.patch(cache_key_tag=tag)
+
+
+def forget_code(code) -> None:
+    """Drop TorchDynamo's record of guard failures for a code object nothing else will run again
+    (a dead model's entry function): that record holds the code object, and with it every cache
+    entry TorchDynamo keeps on the code: the model's compiled graphs."""
+    from torch._dynamo.utils import guard_failures as failures
+
+    failures.pop(code, None)
+
+
 def cuda_graph_capture_gate(gate) -> Optional[Callable]:
     """A zero-argument factory of a context in which torch's CUDA graph trees ask `int_key in gate`
     before recording or replaying a shape (`triton.cudagraph_capture_sizes`, read on every call;

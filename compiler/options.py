@@ -11,16 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from .lowering import LOWERINGS, MODE_HELP, MODES, Lowering  # noqa: F401  (MODE_HELP, MODES re-exported)
 from .shape_policy import ShapePolicy, ShapePolicyError
-
-MODES = ("fast", "balanced", "max")
-
-# What each mode means, in one place (the node's tooltip and the README quote this).
-MODE_HELP = {
-    "fast": "quick compile: Kiln's rewrite passes, then the rewritten FX graph runs directly (no Inductor)",
-    "balanced": "default: Kiln's passes, then Inductor's default lowering",
-    "max": "longest compile, most speed: Kiln's passes, then Inductor with max-autotune",
-}
 
 # Pass switches: "auto" lets each pass decide (its extra_check), "on" forces it where it matches
 # (e.g. to use a Kiln kernel on a CPU, where the pass would otherwise leave Inductor to fuse),
@@ -77,23 +69,32 @@ class CompileOptions:
                 raise OptionsError(f"passes: unknown pass {name!r}; Kiln's passes are {', '.join(PASS_NAMES)}")
             if switch not in PASS_SWITCHES:
                 raise OptionsError(f"passes.{name}={switch!r}: use one of {', '.join(PASS_SWITCHES)}")
-        if self.inductor and self.mode == "fast":
-            raise OptionsError("inductor options have no effect in mode 'fast' (no Inductor); use 'balanced' or 'max'")
+        if self.inductor and not self.lowering.uses_inductor:
+            raise OptionsError(f"inductor options have no effect in mode {self.mode!r} (no Inductor); use 'balanced' or 'max'")
         if not isinstance(self.inductor, Mapping):
             raise OptionsError("inductor: expected a mapping of Inductor config names to values")
         try:
             object.__setattr__(self, "shapes", ShapePolicy.from_mapping(self.shapes))
         except ShapePolicyError as exc:
             raise OptionsError(str(exc)) from None
-        if self.shapes.specialize != "none" and self.mode == "fast":
-            raise OptionsError("shapes.specialize has no effect in mode 'fast' (its FX graph runs every shape as it is); "
+        if self.shapes.specialize != "none" and not self.lowering.can_specialise:
+            raise OptionsError(f"shapes.specialize has no effect in mode {self.mode!r} (its FX graph runs every shape as it is); "
                                "use 'balanced' or 'max'")
+        if self.dynamic is False and (self.shapes.specialize != "none" or self.shapes.pin):
+            raise OptionsError("shapes.pin and shapes.specialize need dynamic auto or true: with dynamic=false TorchDynamo "
+                               "specialises every shape itself (each new shape recompiles, with static kernels), so there "
+                               "is no dynamic graph to pin shapes ahead of; drop the pins or use dynamic auto")
         from .compat import is_inductor_option
 
         unknown = [name for name in self.inductor if not is_inductor_option(name)]
         if unknown:
             raise OptionsError(f"inductor: {', '.join(map(repr, unknown))} is not an Inductor config setting "
                                "(see torch._inductor.config; nested settings are dotted, e.g. 'triton.cudagraphs')")
+
+    @property
+    def lowering(self) -> Lowering:
+        """How this mode lowers the rewritten graph (compiler/lowering.py)."""
+        return LOWERINGS[self.mode]
 
     def switch(self, pass_name: str) -> str:
         return dict(self.passes).get(pass_name, "auto")
@@ -142,10 +143,15 @@ def parse_expert_options(text: str) -> dict:
     return data
 
 
-def build_options(mode: str = "balanced", dynamic=None, cuda_graphs: bool = False, advanced: str = "", **overrides) -> CompileOptions:
+def build_options(mode: str = "balanced", dynamic=None, cuda_graphs: bool = False, advanced: str = "",
+                  pin_shapes: str = "", **overrides) -> CompileOptions:
     """Widgets (or keyword arguments) plus the expert string -> validated CompileOptions.
-    The expert string wins over the widgets, keyword overrides win over both."""
+    The expert string wins over the widgets, keyword overrides win over both; `pin_shapes`
+    ('1024x1024, 832x1216:2') adds pinned shapes (a bad one raises ShapePolicyError naming it)."""
     fields = {"mode": mode, "dynamic": dynamic, "cuda_graphs": cuda_graphs}
     fields.update(parse_expert_options(advanced))
     fields.update(overrides)
-    return CompileOptions(**fields)
+    options = CompileOptions(**fields)
+    if str(pin_shapes or "").strip():
+        options = options.replace(shapes=options.shapes.with_pins(pin_shapes))
+    return options

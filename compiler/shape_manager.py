@@ -117,13 +117,25 @@ class ShapeDispatcher:
         key = self._key(args)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._new_signature(key, args)
+            entry = self._new_signature_or_nothing(key, args)
         else:
             self._entries.move_to_end(key)
         entry.record.calls += 1
         if self._cuda_graphs is not None:
             return self._cuda_graphs.run(entry.record, entry.run, args)
         return entry.run(*args)
+
+    def _new_signature_or_nothing(self, key: tuple, args) -> _Entry:
+        """A new signature's entry; if it is interrupted (the progress callback raised: a cancel
+        during the pinned shapes' compile), nothing of it stays, so the next call starts it again."""
+        entries, variants = list(self._entries), len(self.stats.variants)
+        try:
+            return self._new_signature(key, args)
+        except BaseException:
+            for k in [k for k in self._entries if k not in entries]:
+                del self._entries[k]
+            del self.stats.variants[variants:]
+            raise
 
     def _new_signature(self, key: tuple, args) -> _Entry:
         batch, hw = self._latent_size(args)

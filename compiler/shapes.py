@@ -50,3 +50,21 @@ def mark_batch_and_resolution_dynamic(module, args, kwargs):
         if tensor.dim() > 0 and tensor.shape[0] == batch:
             compat.allow_any_size(tensor, 0)
     return None
+
+
+# Keys under which a sampler passes its whole sigma schedule down to the model (ComfyUI's
+# transformer_options["sample_sigmas"]); its length is the step count, which must not recompile.
+SCHEDULE_KEYS = ("sample_sigmas",)
+
+
+def mark_schedule_dynamic(args, kwargs) -> None:
+    """The length of a sigma schedule found in a dict argument is dynamic. Without this, changing
+    the number of steps recompiles (seen in a real ComfyUI server: "sample_sigmas size mismatch at
+    index 0. expected 5, actual 3")."""
+    for value in (*args, *kwargs.values()):
+        if not isinstance(value, dict):
+            continue
+        for key in SCHEDULE_KEYS:
+            sigmas = value.get(key)
+            if isinstance(sigmas, torch.Tensor) and sigmas.dim() == 1:
+                compat.allow_any_size(sigmas)

@@ -1,9 +1,9 @@
-"""Kiln › Compile UNet: MODEL in, compiled MODEL out (UNet or DiT: whatever the diffusion model is)."""
+"""Kiln › Compile UNet: MODEL in, MODEL out with a compile step in its Kiln plan (UNet or DiT)."""
 from __future__ import annotations
 
 import logging
 
-from . import comfy_wrapper
+from . import plan_wrapper
 
 log = logging.getLogger("kiln")
 
@@ -43,28 +43,22 @@ class KilnCompileUNet:
         }
 
     def compile(self, model, mode="balanced", dynamic="auto", cuda_graphs=False, pin_shapes="", advanced=""):
-        from .. import IMPORT_ERROR
+        from . import COMPILER_LOAD_ERROR, compiler
 
-        if IMPORT_ERROR:
-            return self._eager(model, f"Kiln's compiler could not load ({IMPORT_ERROR})")
-        from ..compiler import KilnUnavailable, build_options, compat, compile as kiln_compile, stats
-
-        options = build_options(mode, DYNAMIC[dynamic], cuda_graphs, advanced)  # OptionsError names the bad key
-        if pin_shapes.strip():  # a bad size raises ShapePolicyError naming it
-            options = options.replace(shapes=options.shapes.with_pins(pin_shapes))
-        diffusion_model = model.get_model_object("diffusion_model")
-        try:
-            compiled = kiln_compile(diffusion_model, options=options, progress=comfy_wrapper.progress_bar())
-        except KilnUnavailable as exc:
-            return self._eager(model, str(exc))
-        info = stats(compiled)
-        if info.fallback:  # this module already failed to compile with these options
-            return self._eager(model, info.fallback)
-        patched = model.clone()
-        wrapper = comfy_wrapper.make_apply_model_wrapper(compiled, info, compat)
-        notes = [comfy_wrapper.install(patched, wrapper), kernel_note(str(getattr(model, "load_device", "cpu")))]
-        report = (f"Kiln will compile {type(diffusion_model).__name__} on the first sampling step "
-                  f"({options.mode}, dynamic={dynamic}, cuda_graphs={cuda_graphs}).{''.join(' ' + n for n in notes if n)}")
+        if compiler is None:
+            return self._eager(model, COMPILER_LOAD_ERROR)
+        # a bad option raises OptionsError (or ShapePolicyError) naming it: ComfyUI shows it on the node
+        options = compiler.build_options(mode, DYNAMIC[dynamic], cuda_graphs, advanced, pin_shapes=pin_shapes)
+        unavailable = compiler.unavailable_reason() or plan_wrapper.missing_extension_points()
+        if unavailable:
+            return self._eager(model, unavailable)
+        patched, plan, note = plan_wrapper.declare(model, compile=options)
+        kiln_model = compiler.model_for(model.get_model_object("diffusion_model"), plan)
+        if kiln_model.stats.fallback:  # this model already failed to compile under this plan
+            return self._eager(model, kiln_model.stats.fallback)
+        notes = [note, compiler.kernel_note(str(getattr(model, "load_device", "cpu")))]
+        report = (f"Kiln will run {type(kiln_model.original).__name__}'s plan on its first sampling step: {plan.describe()}."
+                  f"{''.join(' ' + n for n in notes if n)}")
         if options.shapes.pin:
             report += f" Pinned shapes, compiled with it: {', '.join(map(str, options.shapes.pin))}."
         log.info(report)
@@ -75,15 +69,6 @@ class KilnCompileUNet:
         report = f"Kiln: running eagerly, nothing compiled: {reason}"
         log.warning(report)
         return (model, report)
-
-
-def kernel_note(device: str) -> str:
-    """What the user should know about Kiln's kernels on this device ("" if nothing)."""
-    from ..kernels import triton_available
-
-    if device.startswith("cuda") and not triton_available():
-        return "Triton is not installed: Kiln's kernels run their torch references (slower); install triton for full speed."
-    return ""
 
 
 NODE_CLASS_MAPPINGS = {"KilnCompileUNet": KilnCompileUNet}

@@ -53,8 +53,11 @@ def run_passes(gm: torch.fx.GraphModule, ctx: PassContext, switches: dict[str, s
 
 
 def passes_uuid() -> str:
-    """Identity of the whole pass pipeline (every pass's source), for cache keys."""
-    return "-".join(p.uuid() for p in PASSES)
+    """Identity of the whole pass pipeline, for cache keys: every pass's uuid (its source, the shared
+    helpers, its kernel) and this file (the order they run in)."""
+    from .base import hash_files
+
+    return hash_files([__file__]) + "-" + "-".join(p.uuid() for p in PASSES)
 
 
 __all__ = ["PASSES", "PASS_NAMES", "GraphPass", "PassContext", "PassResult", "run_passes", "passes_uuid"]

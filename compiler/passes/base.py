@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import operator
+import os
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -26,7 +27,8 @@ class PassContext:
     device_type: str = "cpu"        # device of the graph's floating-point inputs
     triton: bool = False            # Triton kernels usable for this device
     grad_enabled: bool = False      # autograd on while compiling: custom kernels are inference-only
-    mode: str = "balanced"
+    inductor: bool = True           # Inductor lowers the graph afterwards (and fuses neighbours itself)
+    mode: str = "balanced"          # for messages only; decisions ask `inductor`
 
 
 @dataclass
@@ -50,11 +52,29 @@ class GraphPass:
     def apply(self, gm: torch.fx.GraphModule, ctx: PassContext, result: PassResult) -> None:
         raise NotImplementedError
 
+    def source_files(self) -> list[str]:
+        """The files whose code decides what this pass does and what its output computes: the pass,
+        the helpers every pass shares, and for a kernel pass the kernel (op, fake impl, reference)."""
+        files = [inspect.getsourcefile(type(self)), __file__]
+        if self.kernel_op:
+            kernels = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "kernels")
+            op = self.kernel_op.split("::")[-1]
+            files += [os.path.join(kernels, f"{op}.py"), os.path.join(kernels, "_library.py")]
+        return [os.path.normpath(f) for f in files]
+
     def uuid(self) -> str:
-        """Stable identity for caches: a hash of the pass's source file (cf. Inductor's CustomGraphPass)."""
-        source = inspect.getsourcefile(type(self))
-        with open(source, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()[:16]
+        """Identity for caches (cf. Inductor's CustomGraphPass.uuid): a hash of `source_files()`, so it
+        changes when the pass, the shared helpers or its kernel change. Kiln puts it into Inductor's
+        FX graph cache key (`torch.compiler.config.cache_key_tag`, set while Kiln lowers)."""
+        return hash_files(self.source_files())
+
+
+def hash_files(paths: Iterable[str]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            digest.update(os.path.basename(path).encode() + b"\0" + f.read())
+    return digest.hexdigest()[:16]
 
 
 # ---- FX helpers shared by the passes -------------------------------------------------------
@@ -97,14 +117,14 @@ def erase_unused(graph: torch.fx.Graph, *nodes: Optional[torch.fx.Node]) -> None
             alive.discard(node)
 
 
-def kernel_gate(ctx: PassContext, result: PassResult, what: str, fast_mode_only: bool = False) -> bool:
+def kernel_gate(ctx: PassContext, result: PassResult, what: str, without_inductor_only: bool = False) -> bool:
     """Shared decision for passes that swap in a Kiln kernel (a custom op).
 
     "auto" swaps only where the Triton kernel runs (CUDA + Triton): on a CPU the op would run its
     pure-torch reference, which is no faster than what Inductor generates for the same pattern.
-    `fast_mode_only`: the kernel replaces a fusion Inductor makes itself, and better (Inductor also
-    folds in the neighbours, e.g. the residual add before a norm, which a custom op blocks), so
-    "auto" swaps it only in mode fast, where no Inductor runs.
+    `without_inductor_only`: the kernel replaces a fusion Inductor makes itself, and better (Inductor
+    also folds in the neighbours, e.g. the residual add before a norm, which a custom op blocks), so
+    "auto" swaps it only where no Inductor runs (mode fast).
     "on" swaps wherever the pattern matches. Custom kernels have no autograd formula, so with
     grad enabled nothing is swapped. Every refusal is recorded as a skip with its reason.
     """
@@ -119,7 +139,7 @@ def kernel_gate(ctx: PassContext, result: PassResult, what: str, fast_mode_only:
     if not ctx.triton:
         result.skip(f"{what}: Triton is not installed")
         return False
-    if fast_mode_only and ctx.mode != "fast":
+    if without_inductor_only and ctx.inductor:
         result.skip(f"{what}: in mode {ctx.mode} Inductor fuses this with its neighbours (the kernel serves mode fast; "
                     "force with passes: on)")
         return False

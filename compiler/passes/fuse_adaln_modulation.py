@@ -101,7 +101,7 @@ class FuseAdalnModulation(GraphPass):
             if out_val.dtype != out_dtype(x_val, s_val, t_val) or out_val.dim() != x_val.dim():
                 result.skip("the modulated result's dtype or rank differs from the kernel's")
                 continue
-            if not kernel_gate(ctx, result, "LayerNorm+modulation", fast_mode_only=True):
+            if not kernel_gate(ctx, result, "LayerNorm+modulation", without_inductor_only=True):
                 continue
             with graph.inserting_before(last):
                 fused = graph.call_function(

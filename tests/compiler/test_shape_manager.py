@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 import kiln
 from kiln.benchmarks.models import MODELS
-from kiln.compiler import backend, build_options
+from kiln.compiler import Lowering, build_options
 from testing_utils import rel_err
 
 
@@ -108,16 +108,16 @@ def test_a_static_variant_never_runs_another_layout():
 
 
 def test_a_failed_specialisation_is_reported_and_the_dynamic_graph_serves(monkeypatch):
-    lower = backend.LOWERINGS["balanced"]
+    lower = Lowering.lower
     calls = []
 
-    def fails_when_static(gm, example_inputs, options, device):
+    def fails_when_static(self, gm, example_inputs, options, device, cache_tag=""):
         calls.append(1)
         if len(calls) > 1:
             raise RuntimeError("no static kernels today")
-        return lower(gm, example_inputs, options, device)
+        return lower(self, gm, example_inputs, options, device, cache_tag)
 
-    monkeypatch.setitem(backend.LOWERINGS, "balanced", fails_when_static)
+    monkeypatch.setattr(Lowering, "lower", fails_when_static)
     options = build_options("balanced", advanced="shapes: {specialize: buckets, buckets: [[80, 80]]}")
     module = UNetLike()
     compiled = kiln.compile(module, options=options)

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import kiln.nodes
 from kiln.compiler import OptionsError, compat
 from kiln.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 from kiln.nodes.compile_unet import KilnCompileUNet
@@ -37,12 +38,39 @@ def test_old_torch_passes_the_model_through_and_says_why(monkeypatch, caplog):
 
 
 def test_compiler_import_failure_passes_the_model_through(monkeypatch):
-    import kiln
+    import kiln.nodes
 
-    monkeypatch.setattr(kiln, "IMPORT_ERROR", "ImportError: no torch.library.custom_op")
+    monkeypatch.setattr(kiln.nodes, "compiler", None)
+    monkeypatch.setattr(kiln.nodes, "COMPILER_LOAD_ERROR", "Kiln's compiler could not load (ImportError: no custom_op)")
     model = FakePatcher()
     out, report = KilnCompileUNet().compile(model)
-    assert out is model and "could not load (ImportError: no torch.library.custom_op)" in report
+    assert out is model and "could not load (ImportError: no custom_op)" in report
+
+
+def test_a_comfyui_without_model_wrappers_passes_the_model_through_and_says_which_version_is_needed():
+    model = FakePatcher()  # no ComfyUI in this process: comfy.patcher_extension cannot import
+    out, report = KilnCompileUNet().compile(model)
+    assert out is model and "has no model wrappers" in report and "Kiln needs ComfyUI 0.3.7 or newer" in report
+
+
+def test_nodes_import_only_the_compilers_public_api():
+    """nodes/ never reaches around kiln.compiler's public names (no compat, kernels, backend...)."""
+    import ast
+    from pathlib import Path
+
+    import kiln.compiler
+
+    public = set(kiln.compiler.__all__)
+    for path in Path(kiln.nodes.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2:  # from .. / from ..x import
+                assert node.module in (None, "compiler"), f"{path.name} imports ..{node.module}"
+                if node.module == "compiler":
+                    assert {a.name for a in node.names} <= public, f"{path.name}: {[a.name for a in node.names]}"
+                else:
+                    assert [a.name for a in node.names] == ["compiler"], f"{path.name}: {[a.name for a in node.names]}"
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "compiler":
+                assert node.attr in public, f"{path.name} uses compiler.{node.attr}"
 
 
 def test_bad_advanced_options_are_an_error_naming_the_key():
@@ -51,8 +79,8 @@ def test_bad_advanced_options_are_an_error_naming_the_key():
 
 
 def test_missing_triton_on_a_gpu_is_reported(monkeypatch):
+    from kiln.compiler import kernel_note
     from kiln.kernels import _library
-    from kiln.nodes.compile_unet import kernel_note
 
     monkeypatch.setattr(_library, "triton_available", lambda: False)
     monkeypatch.setattr("kiln.kernels.triton_available", lambda: False)
@@ -68,3 +96,6 @@ def test_pin_shapes_input_is_declared_and_validated():
         KilnCompileUNet().compile(FakePatcher(), pin_shapes="1024x1024, 1000x1001")
     with pytest.raises(OptionsError, match="no effect in mode 'fast'"):
         KilnCompileUNet().compile(FakePatcher(), mode="fast", pin_shapes="1024x1024")
+    # dynamic=false has no dynamic graph to pin shapes ahead of: an error, not pins silently never compiled
+    with pytest.raises(OptionsError, match="shapes.pin and shapes.specialize need dynamic auto or true"):
+        KilnCompileUNet().compile(FakePatcher(), dynamic="false", pin_shapes="1024x1024")

@@ -82,11 +82,11 @@ def test_one_graph_for_every_batch_with_the_kernel_in_it():
 
 def test_auto_serves_mode_fast_only_and_says_why():
     on_gpu = dict(device_type="cuda", triton=True)
-    assert kernel_gate(PassContext(mode="fast", **on_gpu), PassResult("x"), "LayerNorm+modulation", fast_mode_only=True)
+    assert kernel_gate(PassContext(mode="fast", inductor=False, **on_gpu), PassResult("x"), "LayerNorm+modulation", without_inductor_only=True)
     result = PassResult("fuse_adaln_modulation")
-    assert not kernel_gate(PassContext(mode="balanced", **on_gpu), result, "LayerNorm+modulation", fast_mode_only=True)
+    assert not kernel_gate(PassContext(mode="balanced", **on_gpu), result, "LayerNorm+modulation", without_inductor_only=True)
     assert "in mode balanced Inductor fuses this" in result.skipped[0]
-    assert kernel_gate(PassContext(mode="max", switch="on", **on_gpu), PassResult("x"), "x", fast_mode_only=True)
+    assert kernel_gate(PassContext(mode="max", switch="on", **on_gpu), PassResult("x"), "x", without_inductor_only=True)
 
 
 def test_auto_on_cpu_leaves_it_and_says_why():

@@ -1,0 +1,48 @@
+"""How a rewritten FX graph becomes callable: one `Lowering` per mode, described once.
+
+Everything that depends on the mode asks its Lowering (does it use Inductor? can it lower a
+graph again with static sizes?) instead of comparing mode strings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from . import compat
+
+
+@dataclass(frozen=True)
+class Lowering:
+    mode: str
+    description: str        # what the mode means, for the node's tooltip and the README
+    uses_inductor: bool     # Inductor generates the code (so `inductor` options apply, and it fuses neighbours itself)
+    can_specialise: bool    # the shape manager may lower the captured graph again with static sizes
+    inductor_preset: Optional[str] = None  # torch.compile(mode=...) settings applied on top, e.g. max-autotune
+
+    def lower(self, gm, example_inputs, options, device: str, cache_tag: str = ""):
+        """(callable, name): the graph lowered for `device` with `options` (a CompileOptions).
+        `cache_tag` goes into Inductor's FX graph cache key (Kiln's pass and kernel sources)."""
+        cuda_graphs = bool(options.cuda_graphs and device == "cuda")
+        if not self.uses_inductor:
+            if cuda_graphs:
+                return compat.lookup_backend("cudagraphs")(gm, example_inputs), "fx + cudagraphs"
+            return gm.forward, "fx"
+        config = compat.inductor_mode_options(self.inductor_preset) if self.inductor_preset else {}
+        config["triton.cudagraphs"] = cuda_graphs
+        config.update(options.inductor)
+        with compat.inductor_config_patch(config), compat.cache_key_tag(cache_tag):
+            compiled = compat.lookup_backend("inductor")(gm, example_inputs)
+        name = "inductor" + (f" {self.inductor_preset}" if self.inductor_preset else "") + (" + cudagraphs" if cuda_graphs else "")
+        return compiled, name
+
+
+LOWERINGS: dict[str, Lowering] = {
+    "fast": Lowering("fast", "quick compile: Kiln's rewrite passes, then the rewritten FX graph runs directly (no Inductor)",
+                     uses_inductor=False, can_specialise=False),
+    "balanced": Lowering("balanced", "default: Kiln's passes, then Inductor's default lowering",
+                         uses_inductor=True, can_specialise=True),
+    "max": Lowering("max", "longest compile, most speed: Kiln's passes, then Inductor with max-autotune",
+                    uses_inductor=True, can_specialise=True, inductor_preset="max-autotune-no-cudagraphs"),
+}
+MODES = tuple(LOWERINGS)
+MODE_HELP = {mode: lowering.description for mode, lowering in LOWERINGS.items()}

@@ -1,0 +1,175 @@
+"""`KilnModel`: one diffusion model, its Kiln plan, and the guard every call goes through.
+
+A KilnModel wraps the original module (which keeps owning its weights) and executes its plan
+lazily, on the first call: today the plan's one step is compile (`torch.compile` with Kiln's
+backend). Every caller, ComfyUI's wrapper or Python code, calls the KilnModel, and it:
+
+- runs the compiled model; if compiling fails, it logs why, records it in `stats.fallback` and
+  runs this call and every later one eagerly (the queue goes on);
+- if the caller's progress callback raises during a compile (ComfyUI's cancel), re-raises that
+  exception untouched and keeps nothing of the half-done compile: the next call compiles again;
+- marks what the sampler changes between prompts as dynamic (batch, resolution, the length of
+  the sigma schedule ComfyUI passes down), so those changes do not recompile;
+- says once when the model is on CUDA and Triton is missing (Kiln's kernels then run their
+  torch references).
+
+`model_for(module, plan)` returns the one KilnModel of that module and plan: running the same plan
+on the same module again reuses its compiled graphs, and a changed plan compiles once, with a log
+line saying what changed. The memo lives in the module's own `__dict__` and TorchDynamo's compiled
+graphs live on a code object of this KilnModel's own, so everything goes with the model: no
+global table keeps a dropped model's graphs, shape variants or stats alive.
+"""
+from __future__ import annotations
+
+import logging
+import types
+from typing import Optional
+
+import torch
+
+from . import compat
+from .backend import KilnBackend
+from .passes import Progress
+from .plan import KilnPlan
+from .shapes import mark_batch_and_resolution_dynamic, mark_schedule_dynamic
+from .stats import KilnStats
+
+log = logging.getLogger("kiln")
+
+_MEMO = "_kiln_models"        # module.__dict__: {plan key: KilnModel}
+_LAST_PLAN = "_kiln_last_plan"  # module.__dict__: the plan most recently asked for, to say what changed
+
+
+class KilnUnavailable(RuntimeError):
+    """This environment cannot run Kiln's compiler (e.g. torch too old); the message says why."""
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why Kiln cannot compile here (torch too old), or None."""
+    return compat.torch_version_problem()
+
+
+def kernel_note(device: str) -> str:
+    """What a user should know about Kiln's kernels on this device ("" if nothing)."""
+    from ..kernels import triton_available
+
+    if str(device).startswith("cuda") and not triton_available():
+        return "Triton is not installed: Kiln's kernels run their torch references (slower); install triton for full speed."
+    return ""
+
+
+def model_for(module: torch.nn.Module, plan: KilnPlan, progress: Optional[Progress] = None) -> "KilnModel":
+    """The KilnModel of `module` under `plan`, made on first request. `progress` becomes its callback."""
+    if isinstance(module, KilnModel):
+        module = module.original
+    models = module.__dict__.setdefault(_MEMO, {})
+    key = plan.key()
+    model = models.get(key)
+    if model is None:
+        last = module.__dict__.get(_LAST_PLAN)
+        if last is not None and last.key() != key:
+            log.info("Kiln: %s has a new plan (%s); it compiles once for it", type(module).__name__,
+                     "; ".join(plan.changes_from(last)))
+        model = models[key] = KilnModel(module, plan)
+    module.__dict__[_LAST_PLAN] = plan
+    model.progress = progress
+    return model
+
+
+def _entry(module, *args, **kwargs):
+    return module(*args, **kwargs)
+
+
+def _entry_function(name: str) -> types.FunctionType:
+    """A copy of `_entry` with a code object of its own. TorchDynamo keeps compiled graphs (and
+    counts its recompile limit) per code object: compiling this instead of the model class's
+    `forward` gives each model its own, freed with it, instead of one shared by every model of
+    that class in the process (where the 9th model of a class would run eagerly)."""
+    code = _entry.__code__.replace(co_name=name)
+    return types.FunctionType(code, _entry.__globals__, name)
+
+
+class KilnModel(torch.nn.Module):
+    """One diffusion model under a Kiln plan; call it like the model. See the module docstring."""
+
+    def __init__(self, module: torch.nn.Module, plan: KilnPlan):
+        super().__init__()
+        self._orig_mod = module
+        self.plan = plan
+        self.progress: Optional[Progress] = None
+        self.stats = KilnStats(options=plan.compile.as_dict() if plan.compile else {})
+        self._compiled = None           # the torch.compile'd entry function, made on the first call
+        self._backend: Optional[KilnBackend] = None
+
+    @property
+    def original(self) -> torch.nn.Module:
+        return self._modules["_orig_mod"]
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)  # dtype, config, ...: the model's own
+
+    # ---- the call guard --------------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        module = self.original
+        compiled = None if self.stats.fallback else self._compiled
+        if compiled is None and not self.stats.fallback:
+            try:
+                compiled = self._prepare()
+            except Exception as exc:  # noqa: BLE001  e.g. TorchDynamo cannot load here: said loudly, the model still runs
+                self._fall_back(f"cannot set up the compile ({type(exc).__name__}: {exc})", exc)
+        if compiled is None:
+            return module(*args, **kwargs)
+        mark_schedule_dynamic(args, kwargs)
+        if self.plan.compile.dynamic is None:  # auto: batch and resolution dynamic from the first compile
+            mark_batch_and_resolution_dynamic(module, args, kwargs)
+        backend = self._backend
+        backend.progress = self.progress
+        backend.before_call()
+        try:
+            out = compiled(module, *args, **kwargs)
+        except compat.compile_failure_types() as exc:
+            if backend.interrupt is not None:  # cancelled, not failed: nothing was installed
+                raise backend.interrupt from None
+            self._fall_back(f"compile failed: {compat.describe_compile_failure(exc)}", exc)
+            return module(*args, **kwargs)
+        else:
+            backend.after_call()
+            return out
+        finally:
+            backend.end_call()
+            compat.forget_code(self._compiled_code)
+
+    def _prepare(self):
+        """Execute the plan's steps (STEPS order); None if there is nothing to compile."""
+        if self.plan.compile is None:
+            return None
+        problem = unavailable_reason()
+        if problem:
+            self._fall_back(problem)
+            return None
+        options = self.plan.compile
+        module = self.original
+        module.requires_grad_(False)  # inference: a patched weight installed later must not fail a guard
+        note = kernel_note(_device_of(module))
+        if note:
+            log.warning("Kiln: %s", note)
+            self.stats.warnings.append(note)
+        entry = _entry_function(f"kiln_{type(module).__name__}")
+        self._compiled_code = entry.__code__
+        self._backend = KilnBackend(options, self.stats, code=entry.__code__)
+        self._compiled = torch.compile(entry, backend=self._backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
+        return self._compiled
+
+    def _fall_back(self, reason: str, exc: Optional[BaseException] = None) -> None:
+        self.stats.fallback = reason
+        log.error("Kiln: %s -- %s runs eagerly from now on", reason, type(self.original).__name__,
+                  exc_info=exc)
+
+
+def _device_of(module: torch.nn.Module) -> str:
+    param = next(module.parameters(), None)
+    return param.device.type if param is not None else "cpu"

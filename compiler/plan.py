@@ -1,0 +1,71 @@
+"""A Kiln plan: everything Kiln will do to one diffusion model, declared before anything runs.
+
+ComfyUI's Kiln nodes each add their part to the plan carried by a MODEL (in its model options),
+in whatever order they were chained; `kiln.compile` makes a plan with one part. `KilnModel`
+(compiler/model.py) executes a plan on the model's first call, always in `STEPS` order.
+Two plans with the same parts are equal, whichever order the parts were added in.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .options import CompileOptions
+
+# The order a plan's parts run in, whatever order they were declared in. Quantization will come
+# before "compile" (it changes the layers the compiler captures); the cache is consulted by compile.
+STEPS = ("compile",)
+
+
+@dataclass(frozen=True)
+class KilnPlan:
+    """compile: how the model is compiled (None: not compiled)."""
+
+    compile: Optional[CompileOptions] = None
+
+    def with_parts(self, **parts) -> "KilnPlan":
+        """This plan with the given parts set (a part declared again replaces the earlier one)."""
+        unknown = sorted(set(parts) - set(STEPS))
+        if unknown:
+            raise ValueError(f"a Kiln plan has no part {', '.join(map(repr, unknown))}; its parts are {', '.join(STEPS)}")
+        return dataclasses.replace(self, **parts)
+
+    @property
+    def is_empty(self) -> bool:
+        return all(getattr(self, step) is None for step in STEPS)
+
+    def as_dict(self) -> dict:
+        return {step: (part.as_dict() if (part := getattr(self, step)) is not None else None) for step in STEPS}
+
+    def key(self) -> str:
+        """Equal for equal plans: what a model's compiled variants are memoised under."""
+        return json.dumps(self.as_dict(), sort_keys=True, default=str)
+
+    def changes_from(self, other: "KilnPlan") -> list[str]:
+        """What differs from `other`, one 'compile.mode: balanced -> max' line per setting."""
+        before, after = _flatten(other.as_dict()), _flatten(self.as_dict())
+        return [f"{name}: {_show(before.get(name))} -> {_show(after.get(name))}"
+                for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
+
+    def describe(self) -> str:
+        parts = []
+        if self.compile is not None:
+            c = self.compile
+            dynamic = {None: "auto", True: "true", False: "false"}[c.dynamic]
+            parts.append(f"compile ({c.mode}, dynamic={dynamic}, cuda_graphs={str(c.cuda_graphs).lower()})")
+        return ", then ".join(parts) or "nothing"
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def _show(value: Any) -> str:
+    return "unset" if value is None else json.dumps(value, default=str)
