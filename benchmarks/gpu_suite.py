@@ -1,6 +1,6 @@
-"""The GPU suite: one command that turns a GPU session into committed, comparable numbers.
+"""The GPU suite: one command that turns a CUDA machine's time into committed, comparable numbers.
 
-    python -m kiln.benchmarks.gpu_suite                 # on the GPU machine (~8 min on an H100)
+    python -m kiln.benchmarks.gpu_suite                 # on a CUDA machine (~8 min on an H100)
     python -m kiln.benchmarks.gpu_suite --tiny          # CPU, tiny models: checks the suite still runs
 
 For each case (full-size architectures, random weights) and variant it records time per step
@@ -8,7 +8,7 @@ For each case (full-size architectures, random weights) and variant it records t
 model FLOPs per step, and the fraction of the measured matmul ceiling. Results go to
 benchmarks/results/<date>-<gpu>.json with the raw log beside it, and the README's Performance
 table is regenerated from the newest result. A failing variant is recorded with its error and
-the rest still run. On the GPU machine only diffusers must be carried (a pure-Python wheel).
+the rest still run. Besides Kiln and a CUDA torch it needs only diffusers (a pure-Python wheel).
 """
 from __future__ import annotations
 
@@ -215,14 +215,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for <date>-<device>.json and .log")
     parser.add_argument("--no-readme", action="store_true", help="do not regenerate the README table")
     parser.add_argument("--readme-from", type=Path, metavar="JSON",
-                        help="only regenerate the README table from a results file (e.g. one brought back from the GPU machine)")
+                        help="only regenerate the README table from a results file (e.g. one written on a CUDA machine)")
     args = parser.parse_args(argv)
     if args.readme_from:
         update_readme(json.loads(args.readme_from.read_text()))
         return 0
     device = "cpu" if args.tiny else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
-        parser.error("no CUDA device: run on the GPU machine, or pass --tiny for the CPU check")
+        parser.error("no CUDA device: run on a CUDA machine, or pass --tiny for the CPU check")
     cases = TINY_CASES if args.tiny else FULL_CASES
     if args.cases:
         cases = tuple(c for c in cases if c.name in args.cases.split(","))

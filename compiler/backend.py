@@ -112,8 +112,8 @@ class KilnBackend:
             # No graph serves this call and none was compiled: TorchDynamo ran it eagerly, which
             # happens when its recompile limit for this forward is used up. Say so; never hide it.
             reason = (f"TorchDynamo ran a call eagerly: no compiled graph fits it and none was compiled "
-                      f"(recompile limit {compat.recompile_limit()} for {getattr(self.code, 'co_name', 'forward')} "
-                      "reached? Too many compiled variants of this model class in one process)")
+                      f"(its recompile limit, {compat.recompile_limit()} graphs per model, reached for "
+                      f"{getattr(self.code, 'co_name', 'this model')}? dynamic auto serves new shapes from one graph)")
             self.stats.eager_calls += 1
             if self.stats.eager_calls == 1:
                 log.warning("Kiln: %s", reason)

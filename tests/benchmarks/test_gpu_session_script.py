@@ -1,4 +1,4 @@
-"""benchmarks/gpu_session.sh is only ever run on a lent GPU machine; here it must at least parse
+"""benchmarks/gpu_session.sh runs on a CUDA machine; here it must at least parse
 and refuse a wrong part before it installs or runs anything."""
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""The GPU suite must not rot between GPU sessions: run it on the CPU with tiny models."""
+"""The GPU suite must not rot between GPU runs: run it on the CPU with tiny models."""
 import json
 
 import torch

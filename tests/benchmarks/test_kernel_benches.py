@@ -1,5 +1,5 @@
 """Each kernel benchmark still runs (CPU smoke run at small shapes: eager, Inductor and the Kiln op
-all time without error), so the GPU session that needs them does not find them broken."""
+all time without error), so the GPU run that needs them does not find them broken."""
 import importlib
 import json
 

@@ -15,8 +15,9 @@ import comfy.model_patcher  # noqa: E402
 import comfy.sample  # noqa: E402
 import comfy.supported_models  # noqa: E402
 
-from kiln.compiler import stats  # noqa: E402
+from kiln.compiler import KilnPlan, Lowering, build_options, compat, model_for  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
+from kiln.nodes.plan_wrapper import PLAN_KEY  # noqa: E402
 from testing_utils import rel_err  # noqa: E402
 
 TINY_SD15 = dict(  # ComfyUI's SD1.5 UNet layout, scaled down
@@ -60,7 +61,9 @@ def compiled():
 
 def test_node_reports_and_returns_a_clone(compiled):
     base, model, report = compiled
-    assert model is not base and "Kiln will compile UNetModel" in report
+    assert model is not base and "Kiln will run UNetModel's plan on its first sampling step: compile (fast" in report
+    assert model.model_options[PLAN_KEY] == KilnPlan(compile=build_options("fast"))
+    assert PLAN_KEY not in base.model_options  # the node never changes the MODEL it was given
 
 
 def test_compiled_sampling_matches_eager_and_compiles_once(compiled):
@@ -113,21 +116,67 @@ def test_new_batches_and_resolutions_run_without_compiling(compiled):
 def test_node_rerun_reuses_the_compiled_module(compiled):
     base, model, _ = compiled
     again, _ = KilnCompileUNet().compile(base, mode="fast")
-    assert _compiled_module(again) is _compiled_module(model)
+    assert _kiln_model(again) is _kiln_model(model)
+
+
+def test_lora_before_or_after_the_node_gives_the_same_plan_module_and_image(compiled):
+    """LoRA then Compile, or Compile then LoRA: one plan, one KilnModel, the image LoRA gives eagerly."""
+    base, model, _ = compiled
+    patches = lora_like_patches(base, seed=11)
+    lora_first = base.clone()
+    lora_first.add_patches(patches, 0.5)
+    lora_then_compile, _ = KilnCompileUNet().compile(lora_first, mode="fast")
+    compile_then_lora = model.clone()
+    compile_then_lora.add_patches(patches, 0.5)
+    assert lora_then_compile.model_options[PLAN_KEY] == compile_then_lora.model_options[PLAN_KEY]
+    assert _kiln_model(lora_then_compile) is _kiln_model(compile_then_lora)
+    graphs = _stats(model).compile_count
+    ref = sample(lora_first)
+    assert rel_err(sample(lora_then_compile), ref) < 1e-4 and rel_err(sample(compile_then_lora), ref) < 1e-4
+    assert _stats(model).compile_count == graphs
+
+
+def test_a_cancel_during_the_compile_stops_the_prompt_and_the_next_one_compiles(monkeypatch):
+    """ComfyUI's cancel: its progress-bar hook raises InterruptProcessingException (main.py's hook
+    calls throw_exception_if_processing_interrupted). The prompt stops with that exception; nothing is
+    marked failed; the next prompt compiles and matches eager."""
+    import comfy.model_management
+    import comfy.utils
+
+    base = make_tiny_sd15_patcher(seed=2)
+    model, _ = KilnCompileUNet().compile(base, mode="fast")
+
+    def cancelled(value, total, preview, node_id=None):
+        raise comfy.model_management.InterruptProcessingException()
+
+    monkeypatch.setattr(comfy.utils, "PROGRESS_BAR_HOOK", cancelled)
+    with pytest.raises(comfy.model_management.InterruptProcessingException):
+        sample(model)
+    info = _stats(model)
+    assert info.fallback is None and info.compile_count == 0
+    monkeypatch.setattr(comfy.utils, "PROGRESS_BAR_HOOK", None)
+    assert rel_err(sample(model), sample(base)) < 1e-4
+    assert info.fallback is None and info.compile_count == 1
+
+
+def test_an_old_torch_runs_the_prompt_eagerly_with_the_reason_in_the_report(monkeypatch):
+    monkeypatch.setattr(compat, "torch_version", lambda: (2, 3))
+    base = make_tiny_sd15_patcher(seed=4)
+    model, report = KilnCompileUNet().compile(base, mode="fast")
+    assert model is base and "older than 2.5" in report
+    assert rel_err(sample(model), sample(base)) == 0
 
 
 def test_a_failed_compile_runs_eagerly_and_says_so(monkeypatch, caplog):
-    from kiln.compiler import backend
-
-    def broken_lowering(*args):
+    def broken_lowering(*args, **kwargs):
         raise RuntimeError("lowering exploded")
 
-    monkeypatch.setitem(backend.LOWERINGS, "fast", broken_lowering)
+    monkeypatch.setattr(Lowering, "lower", broken_lowering)
     base = make_tiny_sd15_patcher(seed=1)
     model, _ = KilnCompileUNet().compile(base, mode="fast")
     assert rel_err(sample(model), sample(base)) < 1e-6  # the prompt still completes, eagerly
     assert "lowering exploded" in _stats(model).fallback
-    assert "running the model eagerly from now on" in caplog.text
+    assert "runs eagerly from now on" in caplog.text
     again, report = KilnCompileUNet().compile(base, mode="fast")
     assert again is base and "lowering exploded" in report
 
@@ -139,10 +188,12 @@ def test_invalid_advanced_options_fail_with_the_key():
         KilnCompileUNet().compile(make_tiny_sd15_patcher(), advanced="passes: {fuse_all: on}")
 
 
-def _compiled_module(model):
+def _kiln_model(model):
+    """The KilnModel the wrapper will run: the plan's handle on the shared diffusion model."""
     wrapper = model.get_wrappers("apply_model", "kiln.compile")[0]
-    return dict(zip(wrapper.__code__.co_freevars, (c.cell_contents for c in wrapper.__closure__)))["compiled"]
+    assert wrapper.plan == model.model_options[PLAN_KEY]
+    return model_for(model.get_model_object("diffusion_model"), wrapper.plan)
 
 
 def _stats(model):
-    return stats(_compiled_module(model))
+    return _kiln_model(model).stats

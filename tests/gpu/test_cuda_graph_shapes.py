@@ -1,5 +1,5 @@
 """GPU only: CUDA graphs across shape signatures (issue 3). CI has no GPU and skips these; on
-the lent GPU machine run them with Triton compiling for real:
+a CUDA machine run them with Triton compiling for real:
 
     TRITON_INTERPRET=0 python -m pytest tests/gpu -q
 
