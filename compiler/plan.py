@@ -59,7 +59,8 @@ class KilnPlan:
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict) and value:
+    """{"compile.mode": "fast", "compile.passes.fuse_geglu": "on", ...}; an empty mapping adds nothing."""
+    if isinstance(value, dict):
         out: dict[str, Any] = {}
         for key, item in value.items():
             out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
