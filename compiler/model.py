@@ -99,6 +99,7 @@ class KilnModel(torch.nn.Module):
         self.progress: Optional[Progress] = None
         self.stats = KilnStats(options=plan.compile.as_dict() if plan.compile else {})
         self._compiled = None           # the torch.compile'd entry function, made on the first call
+        self._compiled_code = None      # its code object: TorchDynamo's graphs for this model live on it
         self._backend: Optional[KilnBackend] = None
 
     @property
