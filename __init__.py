@@ -25,9 +25,9 @@ if __package__:
         from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
         from .nodes.plan_wrapper import missing_extension_points as _missing_extension_points
 
-        if _missing_extension_points():
-            _log.error("Kiln: %s; Kiln's nodes pass models through unchanged and say so in their report",
-                       _missing_extension_points())
+        _missing = _missing_extension_points()
+        if _missing:
+            _log.error("Kiln: %s; Kiln's nodes pass models through unchanged and say so in their report", _missing)
 
 __all__ = ["compile", "stats", "CompileOptions", "KilnModel", "KilnPlan", "KilnStats", "KilnUnavailable",
            "OptionsError", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "__version__"]

@@ -63,11 +63,11 @@ def model_for(module: torch.nn.Module, plan: KilnPlan, progress: Optional[Progre
     if isinstance(module, KilnModel):
         module = module.original
     models = module.__dict__.setdefault(_MEMO, {})
-    key = plan.key()
+    key = plan.key
     model = models.get(key)
     if model is None:
         last = module.__dict__.get(_LAST_PLAN)
-        if last is not None and last.key() != key:
+        if last is not None and last.key != key:
             log.info("Kiln: %s has a new plan (%s); it compiles once for it", type(module).__name__,
                      "; ".join(plan.changes_from(last)))
         model = models[key] = KilnModel(module, plan)
@@ -116,17 +116,12 @@ class KilnModel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         module = self.original
-        compiled = None if self.stats.fallback else self._compiled
-        if compiled is None and not self.stats.fallback:
-            try:
-                compiled = self._prepare()
-            except Exception as exc:  # noqa: BLE001  e.g. TorchDynamo cannot load here: said loudly, the model still runs
-                self._fall_back(f"cannot set up the compile ({type(exc).__name__}: {exc})", exc)
+        compiled = None if self.stats.fallback else self._compiled or self._prepare()
         if compiled is None:
             return module(*args, **kwargs)
         mark_schedule_dynamic(args, kwargs)
         if self.plan.compile.dynamic is None:  # auto: batch and resolution dynamic from the first compile
-            mark_batch_and_resolution_dynamic(module, args, kwargs)
+            mark_batch_and_resolution_dynamic(args, kwargs)
         backend = self._backend
         backend.progress = self.progress
         backend.before_call()
@@ -145,9 +140,17 @@ class KilnModel(torch.nn.Module):
             compat.forget_code(self._compiled_code)
 
     def _prepare(self):
-        """Execute the plan's steps (STEPS order); None if there is nothing to compile."""
+        """Execute the plan's steps (STEPS order). None, and the model runs eagerly, if there is nothing
+        to compile or the compile cannot be set up here (said loudly, in the log and stats.fallback)."""
         if self.plan.compile is None:
             return None
+        try:
+            return self._set_up_compile()
+        except Exception as exc:  # noqa: BLE001  e.g. TorchDynamo cannot load here: the model still runs
+            self._fall_back(f"cannot set up the compile ({type(exc).__name__}: {exc})", exc)
+            return None
+
+    def _set_up_compile(self):
         problem = unavailable_reason()
         if problem:
             self._fall_back(problem)

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from .lowering import LOWERINGS, MODE_HELP, MODES, Lowering  # noqa: F401  (MODE_HELP, MODES re-exported)
+from .lowering import LOWERINGS, MODES, Lowering
 from .shape_policy import ShapePolicy, ShapePolicyError
 
 # Pass switches: "auto" lets each pass decide (its extra_check), "on" forces it where it matches

@@ -8,6 +8,7 @@ Two plans with the same parts are equal, whichever order the parts were added in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -39,8 +40,10 @@ class KilnPlan:
     def as_dict(self) -> dict:
         return {step: (part.as_dict() if (part := getattr(self, step)) is not None else None) for step in STEPS}
 
+    @functools.cached_property
     def key(self) -> str:
-        """Equal for equal plans: what a model's compiled variants are memoised under."""
+        """Equal for equal plans: what a model's compiled variants are memoised under (computed once:
+        ComfyUI's wrapper looks the model up by it on every sampling step)."""
         return json.dumps(self.as_dict(), sort_keys=True, default=str)
 
     def changes_from(self, other: "KilnPlan") -> list[str]:

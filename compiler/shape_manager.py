@@ -128,7 +128,7 @@ class ShapeDispatcher:
     def _new_signature_or_nothing(self, key: tuple, args) -> _Entry:
         """A new signature's entry; if it is interrupted (the progress callback raised: a cancel
         during the pinned shapes' compile), nothing of it stays, so the next call starts it again."""
-        entries, variants = list(self._entries), len(self.stats.variants)
+        entries, variants = set(self._entries), len(self.stats.variants)
         try:
             return self._new_signature(key, args)
         except BaseException:

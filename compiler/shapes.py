@@ -33,10 +33,10 @@ def _tensors(value, depth: int = 1):
             yield from _tensors(item, depth - 1)
 
 
-def mark_batch_and_resolution_dynamic(module, args, kwargs):
-    """Forward pre-hook for a compiled module: every input tensor whose first dimension is the
-    batch (that of the first tensor argument) gets a dynamic first dimension, and the latent
-    (the first 4-D or 5-D input) a dynamic height and width."""
+def mark_batch_and_resolution_dynamic(args, kwargs) -> None:
+    """Before a call of a compiled model: every input tensor whose first dimension is the batch
+    (that of the first tensor argument) gets a dynamic first dimension, and the latent (the first
+    4-D or 5-D input) a dynamic height and width."""
     inputs = [t for v in (*args, *kwargs.values()) for t in _tensors(v)]
     latent = next((t for t in inputs if t.dim() in (4, 5)), None)
     if latent is not None:
@@ -45,11 +45,10 @@ def mark_batch_and_resolution_dynamic(module, args, kwargs):
                 compat.allow_any_size(latent, latent.dim() + dim)
     batch = next((t.shape[0] for t in inputs if t.dim() > 0), None)
     if batch is None or batch < 2:
-        return None
+        return
     for tensor in inputs:
         if tensor.dim() > 0 and tensor.shape[0] == batch:
             compat.allow_any_size(tensor, 0)
-    return None
 
 
 # Keys under which a sampler passes its whole sigma schedule down to the model (ComfyUI's

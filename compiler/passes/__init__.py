@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .base import GraphPass, PassContext, PassResult
+from .base import GraphPass, PassContext, PassResult, hash_files
 from .canonicalize_attention import CanonicalizeAttention
 from .channels_last_convs import ChannelsLastConvs
 from .fuse_adaln_modulation import FuseAdalnModulation
@@ -55,8 +55,6 @@ def run_passes(gm: torch.fx.GraphModule, ctx: PassContext, switches: dict[str, s
 def passes_uuid() -> str:
     """Identity of the whole pass pipeline, for cache keys: every pass's uuid (its source, the shared
     helpers, its kernel) and this file (the order they run in)."""
-    from .base import hash_files
-
     return hash_files([__file__]) + "-" + "-".join(p.uuid() for p in PASSES)
 
 

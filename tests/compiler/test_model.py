@@ -101,7 +101,7 @@ def test_same_plan_same_model_changed_plan_compiles_once_and_says_what_changed(c
 
 def test_plan_parts_and_changes():
     plan = KilnPlan().with_parts(compile=build_options("balanced"))
-    assert plan == KilnPlan(compile=build_options("balanced")) and plan.key() == KilnPlan(compile=build_options("balanced")).key()
+    assert plan == KilnPlan(compile=build_options("balanced")) and plan.key == KilnPlan(compile=build_options("balanced")).key
     assert plan.changes_from(KilnPlan()) and 'compile.mode: unset -> "balanced"' in plan.changes_from(KilnPlan())
     assert plan.with_parts(compile=build_options("max")).changes_from(plan) == ['compile.mode: "balanced" -> "max"']
     with pytest.raises(ValueError, match="no part 'quantise'"):

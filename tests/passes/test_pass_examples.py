@@ -118,7 +118,7 @@ def run_captured(fn: Callable, inputs: tuple, shapes: str, graph_pass: GraphPass
 
     torch._dynamo.reset()
     if shapes == "kiln_auto":
-        mark_batch_and_resolution_dynamic(None, inputs, {})
+        mark_batch_and_resolution_dynamic(inputs, {})
     compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False if shapes == "static" else None)
     out = compiled(*inputs)
     torch._dynamo.reset()
