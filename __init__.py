@@ -1,7 +1,7 @@
 """Kiln: compile, quantize and cache diffusion models.
 
 Two ways in:
-- Python: `import kiln; unet = kiln.compile(unet)` (no ComfyUI needed).
+- Python: `import kiln; unet = kiln.compile(kiln.quantize(unet))` (no ComfyUI needed).
 - ComfyUI: clone this folder into `ComfyUI/custom_nodes/`; the nodes register below.
 """
 import logging as _logging
@@ -16,7 +16,8 @@ _log = _logging.getLogger("kiln")
 if __package__:
     try:
         from .compiler import (CompileOptions, KilnModel, KilnPlan, KilnStats, KilnUnavailable,  # noqa: F401
-                               OptionsError, compile, stats)
+                               OptionsError, QuantizeError, QuantReport, compile, load_quantized, quant_report,
+                               quantize, save_quantized, stats)
     except Exception as _exc:  # noqa: BLE001  a broken or too-old torch must not break ComfyUI's start-up
         _log.error("Kiln's compiler cannot load (%s: %s); Kiln nodes will pass models through eagerly",
                    type(_exc).__name__, _exc)
@@ -29,5 +30,6 @@ if __package__:
         if _missing:
             _log.error("Kiln: %s; Kiln's nodes pass models through unchanged and say so in their report", _missing)
 
-__all__ = ["compile", "stats", "CompileOptions", "KilnModel", "KilnPlan", "KilnStats", "KilnUnavailable",
+__all__ = ["compile", "stats", "quantize", "quant_report", "save_quantized", "load_quantized", "QuantizeError",
+           "QuantReport", "CompileOptions", "KilnModel", "KilnPlan", "KilnStats", "KilnUnavailable",
            "OptionsError", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "__version__"]

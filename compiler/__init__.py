@@ -5,9 +5,15 @@ from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailab
 from .options import CompileOptions, OptionsError, build_options, parse_expert_options
 from .passes import PASS_NAMES
 from .plan import KilnPlan
+from .quantize import (SCHEMES, LayerPolicy, QuantizeError, QuantizeOptions, QuantReport, parse_policy, quant_report,
+                       quantize)
+from .quantize import load as load_quantized
+from .quantize import save as save_quantized
 from .shape_policy import ShapePolicyError
 from .stats import GraphCompile, KilnStats
 
 __all__ = ["compile", "stats", "CompileOptions", "OptionsError", "ShapePolicyError", "KilnUnavailable", "KilnStats",
            "GraphCompile", "KilnModel", "KilnPlan", "model_for", "unavailable_reason", "kernel_note",
-           "build_options", "parse_expert_options", "MODES", "MODE_HELP", "LOWERINGS", "Lowering", "PASS_NAMES"]
+           "build_options", "parse_expert_options", "MODES", "MODE_HELP", "LOWERINGS", "Lowering", "PASS_NAMES",
+           "quantize", "quant_report", "QuantizeOptions", "QuantReport", "LayerPolicy", "parse_policy", "QuantizeError",
+           "SCHEMES", "save_quantized", "load_quantized"]

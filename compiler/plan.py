@@ -14,16 +14,21 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .options import CompileOptions
+from .quantize import QuantizeOptions
 
-# The order a plan's parts run in, whatever order they were declared in. Quantization will come
-# before "compile" (it changes the layers the compiler captures); the cache is consulted by compile.
-STEPS = ("compile",)
+# The order a plan's parts run in, whatever order they were declared in: quantization comes before
+# "compile" (it changes the layers the compiler captures). Quantizing makes new weights, so it is
+# carried out when it is declared (the Quantize node, `kiln.quantize`): the module a KilnModel
+# wraps is already quantized, and the part records how, for the plan's key, log and report.
+STEPS = ("quantize", "compile")
 
 
 @dataclass(frozen=True)
 class KilnPlan:
-    """compile: how the model is compiled (None: not compiled)."""
+    """quantize: how the model's weights were quantized (None: not quantized);
+    compile: how the model is compiled (None: not compiled)."""
 
+    quantize: Optional[QuantizeOptions] = None
     compile: Optional[CompileOptions] = None
 
     def with_parts(self, **parts) -> "KilnPlan":
@@ -54,6 +59,8 @@ class KilnPlan:
 
     def describe(self) -> str:
         parts = []
+        if self.quantize is not None:
+            parts.append(f"quantize ({self.quantize.scheme})")
         if self.compile is not None:
             c = self.compile
             dynamic = {None: "auto", True: "true", False: "false"}[c.dynamic]

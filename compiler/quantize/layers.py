@@ -1,0 +1,131 @@
+"""Quantized layers: a Linear or Conv2d whose weight is stored quantized, with its scale beside it.
+
+`QuantLinear` runs its scheme's kiln:: op (the dequantization or the activation quantization
+fused into the GEMM); `QuantConv2d` dequantizes its weight and runs the convolution (weight-only:
+Kiln has no int8 convolution kernel; under Inductor the dequantization is one fused pointwise
+kernel feeding the convolution). Both are plain modules TorchDynamo traces: a compiled model sees
+the kiln:: ops and one graph still serves every batch and resolution.
+
+Weight patching (LoRA after quantization) goes through two methods that weight patchers such as
+ComfyUI's ModelPatcher look for on the layer owning a weight: `convert_weight` gives the patcher
+the dequantized float weight to patch, and `set_weight` stores the patched weight quantized again
+on the layer's own scales. The scales never change, so a patcher that restores the weight tensor
+it backed up (as ComfyUI does when it unpatches) restores the exact original layer.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .scheme import SCHEMES, Scheme
+
+
+class _QuantLayer(torch.nn.Module):
+    scheme_name: str
+
+    def _init_quant(self, scheme: Scheme, weight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor]):
+        assert weight.dtype == scheme.storage, f"{scheme.name} stores {scheme.storage}, got {weight.dtype}"
+        self.scheme_name = scheme.name
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.register_buffer("weight_scale", scale.to(torch.float32))
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
+
+    @property
+    def scheme(self) -> Scheme:
+        return SCHEMES[self.scheme_name]
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.scheme.dequantize(self.weight, self.weight_scale, dtype)
+
+    # ---- the weight-patching protocol (ComfyUI's ModelPatcher calls these by name) ----------
+
+    def convert_weight(self, weight: torch.Tensor, inplace: bool = False, **kwargs) -> torch.Tensor:
+        """The float weight a patcher patches: `weight` is this layer's stored weight (or a float
+        copy of its stored values), dequantized on this layer's scales."""
+        return self.scheme.dequantize(weight, self.weight_scale, torch.float32)
+
+    def set_weight(self, weight: torch.Tensor, inplace_update: bool = False, seed: Optional[int] = None,
+                   return_weight: bool = False, **kwargs):
+        """Store a patched float weight, quantized on this layer's own scales (stochastic rounding
+        when the patcher gives a seed, so a patch smaller than one quantization step still counts)."""
+        stored, _ = self.scheme.quantize(weight, self.weight_scale, seed=seed)
+        if return_weight:
+            return stored
+        self.weight = torch.nn.Parameter(stored.to(self.weight.device), requires_grad=False)
+
+    def _apply(self, fn, recurse=True):
+        """Moves between devices; a dtype cast (model.half(), .to(bf16)) must not touch the stored
+        weight or its scale (float8 counts as floating point to torch)."""
+        stored, scale = self.weight.dtype, self.weight_scale.dtype
+        super()._apply(fn, recurse)
+        if self.weight.dtype != stored:
+            self.weight = torch.nn.Parameter(self.weight.data.to(stored), requires_grad=False)
+        if self.weight_scale.dtype != scale:
+            self.weight_scale = self.weight_scale.to(scale)
+        return self
+
+    def weight_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.weight_scale, self.bias) if t is not None)
+
+
+class QuantLinear(_QuantLayer):
+    """y = x @ W^T + b with W stored quantized. x: (..., in_features) -> (..., out_features), x's dtype."""
+
+    def __init__(self, scheme: Scheme, weight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor]):
+        super().__init__()
+        assert weight.dim() == 2, f"a Linear weight is (out, in), got {tuple(weight.shape)}"
+        self.out_features, self.in_features = weight.shape
+        self._init_quant(scheme, weight, scale, bias)
+
+    @classmethod
+    def from_float(cls, linear: torch.nn.Linear, scheme: Scheme, out_device=None) -> "QuantLinear":
+        stored, scale = scheme.quantize(linear.weight)
+        bias = linear.bias
+        return cls(scheme, stored.to(out_device), scale.to(out_device),
+                   None if bias is None else bias.detach().to(out_device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scheme.linear()(x, self.weight, self.weight_scale, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme_name}"
+
+
+class QuantConv2d(_QuantLayer):
+    """A Conv2d with its weight stored quantized (weight-only: dequantized, then F.conv2d)."""
+
+    def __init__(self, scheme: Scheme, weight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor],
+                 stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):
+        super().__init__()
+        assert weight.dim() == 4, f"a Conv2d weight is (out, in/groups, kh, kw), got {tuple(weight.shape)}"
+        if padding_mode != "zeros":
+            raise ValueError(f"QuantConv2d supports padding_mode='zeros', not {padding_mode!r}")
+        self.out_channels = weight.shape[0]
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        self._init_quant(scheme, weight, scale, bias)
+
+    @classmethod
+    def from_float(cls, conv: torch.nn.Conv2d, scheme: Scheme, out_device=None) -> "QuantConv2d":
+        stored, scale = scheme.quantize(conv.weight)
+        bias = conv.bias
+        return cls(scheme, stored.to(out_device), scale.to(out_device),
+                   None if bias is None else bias.detach().to(out_device),
+                   conv.stride, conv.padding, conv.dilation, conv.groups, conv.padding_mode)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.scheme.dequantize(self.weight, self.weight_scale, x.dtype)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[1] * self.groups}, {self.out_channels}, kernel_size={tuple(self.weight.shape[2:])}, " \
+               f"stride={self.stride}, padding={self.padding}, scheme={self.scheme_name}"
+
+
+QUANT_LAYERS = (QuantLinear, QuantConv2d)
+
+
+def quantized_layers(module: torch.nn.Module) -> dict[str, _QuantLayer]:
+    return {name: m for name, m in module.named_modules() if isinstance(m, QUANT_LAYERS)}

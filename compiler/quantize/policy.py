@@ -1,0 +1,147 @@
+"""Which layers to quantize: a family's defaults, a size threshold and the user's YAML override.
+
+Quantizing everything ruins images and can be slower, so a layer stays in high precision when it
+matters most and costs least:
+- the model's first and last layers, its time/label/text embeddings and (DiT) its output
+  modulation: a family default, by name pattern (FAMILY_KEEP);
+- layers under `min_params` weights (default 16384): their GEMMs are too small to gain anything;
+- convolutions when `convs` is false, and always under fp8_e4m3 (ComfyUI's fp8 format has Linear
+  layers only, and a Kiln fp8 file must load in stock ComfyUI);
+- names matching a `keep` pattern. A `quantize` pattern forces a layer in, over the defaults and
+  the size threshold (never over the fp8 format's rule).
+
+Patterns are fnmatch patterns over the layer's full dotted name ("output_blocks.*.proj_out");
+"out" matches only the top-level layer called out. A YAML override:
+
+    keep: ["*.attn2.to_k", "*.attn2.to_v"]
+    quantize: ["time_embed.*"]
+    min_params: 0
+    convs: false
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .scheme import QuantizeError, Scheme
+
+# family -> [(pattern, reason)]. The family is found from the model's own layer names.
+FAMILY_KEEP: dict[str, list[tuple[str, str]]] = {
+    "sd_unet": [  # ComfyUI's UNetModel (SD1.x, SD2.x, SDXL)
+        ("input_blocks.0.0", "first layer"), ("out.*", "last layer"), ("time_embed.*", "time embedding"),
+        ("label_emb.*", "label embedding")],
+    "diffusers_unet": [  # diffusers' UNet2DConditionModel
+        ("conv_in", "first layer"), ("conv_out", "last layer"), ("time_embedding.*", "time embedding"),
+        ("add_embedding.*", "label embedding"), ("class_embedding.*", "label embedding")],
+    "flux": [  # ComfyUI's and diffusers' Flux
+        ("img_in", "first layer"), ("x_embedder", "first layer"), ("final_layer.*", "last layer"),
+        ("proj_out", "last layer"), ("norm_out.*", "output modulation"), ("time_in.*", "time embedding"),
+        ("vector_in.*", "text embedding"), ("guidance_in.*", "guidance embedding"),
+        ("time_text_embed.*", "time embedding"), ("txt_in", "text embedding"), ("context_embedder", "text embedding")],
+    "mmdit": [  # SD3 (ComfyUI's MMDiT, diffusers' SD3Transformer2DModel)
+        ("x_embedder.*", "first layer"), ("pos_embed.*", "first layer"), ("final_layer.*", "last layer"),
+        ("proj_out", "last layer"), ("norm_out.*", "output modulation"), ("t_embedder.*", "time embedding"),
+        ("y_embedder.*", "text embedding"), ("time_text_embed.*", "time embedding"),
+        ("context_embedder", "text embedding")],
+    "pixart": [  # PixArt-alpha/sigma (ComfyUI's and diffusers' PixArtTransformer2DModel)
+        ("x_embedder.*", "first layer"), ("pos_embed.*", "first layer"), ("final_layer.*", "last layer"),
+        ("proj_out", "last layer"), ("t_embedder.*", "time embedding"), ("t_block.*", "time embedding"),
+        ("adaln_single.*", "time embedding"), ("y_embedder.*", "text embedding"),
+        ("caption_projection.*", "text embedding")],
+    "generic": [],
+}
+
+# A family is recognised by layer names only it has (checked in this order).
+_FAMILY_MARKERS = [("sd_unet", "input_blocks"), ("diffusers_unet", "conv_in"), ("flux", "double_blocks"),
+                   ("flux", "single_transformer_blocks"), ("pixart", "adaln_single"), ("pixart", "t_block"),
+                   ("mmdit", "joint_blocks"), ("mmdit", "context_embedder")]
+
+
+def detect_family(module: torch.nn.Module) -> str:
+    top = {name.split(".")[0] for name, _ in module.named_modules() if name}
+    for family, marker in _FAMILY_MARKERS:
+        if marker in top:
+            return family
+    return "generic"
+
+
+@dataclass(frozen=True)
+class LayerPolicy:
+    """keep / quantize: extra fnmatch patterns of layer names; min_params: layers with fewer weights
+    stay in high precision; convs: quantize Conv2d layers (weight-only); family: "auto" (found from
+    the layer names) or a FAMILY_KEEP key."""
+
+    keep: tuple[str, ...] = ()
+    quantize: tuple[str, ...] = ()
+    min_params: int = 16384
+    convs: bool = True
+    family: str = "auto"
+
+    def __post_init__(self):
+        if self.family != "auto" and self.family not in FAMILY_KEEP:
+            raise QuantizeError(f"policy family {self.family!r} is unknown; use auto or one of {', '.join(FAMILY_KEEP)}")
+        if self.min_params < 0:
+            raise QuantizeError(f"policy min_params must be >= 0, got {self.min_params}")
+
+    def decide(self, name: str, layer: torch.nn.Module, scheme: Scheme, family: str) -> Optional[str]:
+        """None to quantize `layer`, else the reason it stays in high precision."""
+        is_conv = isinstance(layer, torch.nn.Conv2d)
+        if is_conv and scheme.file_key == "comfy_quant":
+            return "convolution (ComfyUI's fp8 format has Linear layers only)"
+        if _matches(name, self.quantize):
+            return None
+        if _matches(name, self.keep):
+            return "policy keep pattern"
+        for pattern, reason in FAMILY_KEEP[family]:
+            if fnmatch.fnmatchcase(name, pattern):
+                return reason
+        if is_conv and not self.convs:
+            return "convolution (policy convs: false)"
+        if layer.weight.numel() < self.min_params:
+            return f"small (< {self.min_params} weights)"
+        return None
+
+    def as_dict(self) -> dict:
+        return {"keep": list(self.keep), "quantize": list(self.quantize), "min_params": self.min_params,
+                "convs": self.convs, "family": self.family}
+
+
+def _matches(name: str, patterns) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+_FIELDS = {"keep", "quantize", "min_params", "convs", "family"}
+
+
+def parse_policy(text: str) -> LayerPolicy:
+    """A LayerPolicy from the user's YAML (or JSON) text; "" gives the defaults."""
+    import yaml
+
+    if not text or not text.strip():
+        return LayerPolicy()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise QuantizeError(f"the layer policy is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise QuantizeError(f"the layer policy must be a mapping with keys {', '.join(sorted(_FIELDS))}; got {data!r}")
+    unknown = sorted(set(data) - _FIELDS)
+    if unknown:
+        raise QuantizeError(f"unknown layer policy key {', '.join(map(repr, unknown))}; the keys are {', '.join(sorted(_FIELDS))}")
+    values = dict(data)
+    for key in ("keep", "quantize"):
+        if key in values:
+            patterns = values[key]
+            if isinstance(patterns, str):
+                patterns = [patterns]
+            if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+                raise QuantizeError(f"layer policy {key} must be a list of name patterns, got {values[key]!r}")
+            values[key] = tuple(patterns)
+    if "min_params" in values and (not isinstance(values["min_params"], int) or isinstance(values["min_params"], bool)):
+        raise QuantizeError(f"layer policy min_params must be an integer, got {values['min_params']!r}")
+    if "convs" in values and not isinstance(values["convs"], bool):
+        raise QuantizeError(f"layer policy convs must be true or false, got {values['convs']!r}")
+    return LayerPolicy(**values)

@@ -1,0 +1,109 @@
+"""Quantization schemes: the pure math of turning a float weight into stored values and scales.
+
+One `Scheme` per name in SCHEMES. Each says how a weight is stored (int8 or float8_e4m3fn), how
+its scale is shaped (one per output channel, or one per tensor), which Kiln op runs its Linear
+layers, and which key marks its layers in a saved file. Nothing here touches a module.
+
+    int8_weight   int8 weights, per-output-channel scale = amax/127; activations stay in high
+                  precision and the GEMM dequantizes the weight tile (kiln::int8_weight_linear).
+    int8_dynamic  the same weights; activations quantized per token at run time (amax/127) and
+                  an int8 x int8 -> int32 GEMM with both scales and the bias in its epilogue
+                  (kiln::int8_dynamic_linear).
+    fp8_e4m3      float8_e4m3fn weights, one per-tensor scale = amax/448: ComfyUI 0.8's own
+                  format (comfy/quant_ops.py), so stock ComfyUI loads Kiln's files
+                  (kiln::fp8_weight_linear).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+INT8_MAX = 127.0
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+_TINY = 1e-12    # an all-zero channel gets this scale (its values quantize to 0)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """name: the scheme's name; storage: the stored weight dtype; per_channel: one scale per output
+    channel (else one per tensor); linear_op: the kiln:: op its Linear layers run; file_format: the
+    format name its layers carry in a saved file; file_key: the key that carries it ("comfy_quant"
+    for ComfyUI's own format, "kiln_quant" for Kiln's)."""
+
+    name: str
+    storage: torch.dtype
+    per_channel: bool
+    linear_op: str
+    file_format: str
+    file_key: str
+    help: str
+
+    @property
+    def qmax(self) -> float:
+        return INT8_MAX if self.storage == torch.int8 else FP8_MAX
+
+    def scale_for(self, weight: torch.Tensor) -> torch.Tensor:
+        """float32 scale(s) for `weight` (out, ...): (out,) per channel, () per tensor."""
+        w = weight.detach().float()
+        amax = w.reshape(w.shape[0], -1).abs().amax(dim=1) if self.per_channel else w.abs().amax()
+        return (amax / self.qmax).clamp_min(_TINY)
+
+    def quantize(self, weight: torch.Tensor, scale: Optional[torch.Tensor] = None,
+                 seed: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(stored weight, scale). With `scale` given, quantize on it (values beyond its range clip);
+        with `seed`, round stochastically (a patch smaller than one step survives on average)."""
+        scale = self.scale_for(weight) if scale is None else scale.to(weight.device, torch.float32)
+        scaled = weight.detach().float() / _broadcast(scale, weight.dim())
+        if seed is not None:
+            scaled = scaled + _rounding_noise(scaled, self.storage, seed)
+        if self.storage == torch.int8:
+            stored = scaled.round().clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+        else:
+            stored = scaled.clamp(-FP8_MAX, FP8_MAX).to(self.storage)
+        return stored, scale
+
+    @staticmethod
+    def dequantize(stored: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (stored.to(torch.float32) * _broadcast(scale.to(stored.device, torch.float32), stored.dim())).to(dtype)
+
+    def linear(self) -> Callable:
+        return getattr(torch.ops.kiln, self.linear_op)
+
+
+def _broadcast(scale: torch.Tensor, ndim: int) -> torch.Tensor:
+    """A per-channel scale (out,) as (out, 1, ...) against an ndim weight; a 0-dim scale as is."""
+    return scale.reshape(-1, *([1] * (ndim - 1))) if scale.dim() == 1 else scale
+
+
+def _rounding_noise(scaled: torch.Tensor, storage: torch.dtype, seed: int) -> torch.Tensor:
+    """Uniform noise of one rounding step, centred: nearest rounding of value + noise is stochastic
+    rounding. int8's step is 1; float8 e4m3's is 2^(exponent - 3), down to 2^-9 for subnormals."""
+    generator = torch.Generator(device=scaled.device).manual_seed(seed)
+    noise = torch.rand(scaled.shape, generator=generator, device=scaled.device) - 0.5
+    if storage == torch.int8:
+        return noise
+    exponent = torch.floor(torch.log2(scaled.abs().clamp_min(2.0 ** -6)))
+    return noise * torch.exp2(exponent - 3)
+
+
+SCHEMES: dict[str, Scheme] = {s.name: s for s in (
+    Scheme("int8_weight", torch.int8, True, "int8_weight_linear", "kiln_int8_weight", "kiln_quant",
+           "int8 weights (per-channel scale), activations in high precision: half of fp16's weight memory"),
+    Scheme("int8_dynamic", torch.int8, True, "int8_dynamic_linear", "kiln_int8_dynamic", "kiln_quant",
+           "int8 weights and int8 activations (per-token scale, quantized at run time), int8 GEMM"),
+    Scheme("fp8_e4m3", torch.float8_e4m3fn, False, "fp8_weight_linear", "float8_e4m3fn", "comfy_quant",
+           "float8 e4m3 weights (per-tensor scale) in ComfyUI's own fp8 format; fp8 GEMM on sm_89+"),
+)}
+
+
+class QuantizeError(ValueError):
+    """A quantization setting or file is invalid; the message names it and what is allowed."""
+
+
+def scheme_named(name: str) -> Scheme:
+    try:
+        return SCHEMES[name]
+    except KeyError:
+        raise QuantizeError(f"unknown quantization scheme {name!r}; Kiln has {', '.join(SCHEMES)}") from None

@@ -1,0 +1,65 @@
+"""The layer policy: family defaults, size threshold, fp8's Linear-only rule and the YAML override."""
+import pytest
+import torch
+
+from kiln.benchmarks.models import MODELS
+from kiln.compiler.quantize import SCHEMES, LayerPolicy, QuantizeError, detect_family, parse_policy
+
+
+@pytest.fixture(scope="module")
+def unet():
+    return MODELS["sd15"].build("tiny")
+
+
+def _decide(module, policy, scheme="int8_weight"):
+    family = detect_family(module)
+    return {name: policy.decide(name, m, SCHEMES[scheme], family) for name, m in module.named_modules()
+            if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))}
+
+
+@pytest.mark.parametrize("name,family", [("sd15", "diffusers_unet"), ("sd3", "mmdit"), ("flux", "flux")])
+def test_family_is_found_from_layer_names(name, family):
+    assert detect_family(MODELS[name].build("tiny")) == family
+
+
+def test_unet_defaults_keep_first_last_and_embeddings(unet):
+    reasons = _decide(unet, LayerPolicy(min_params=0))
+    assert reasons["conv_in"] == "first layer" and reasons["conv_out"] == "last layer"
+    assert reasons["time_embedding.linear_1"] == "time embedding"
+    assert reasons["down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"] is None
+    assert reasons["down_blocks.0.resnets.0.conv1"] is None
+
+
+def test_size_threshold(unet):
+    reasons = _decide(unet, LayerPolicy(min_params=4096))
+    small = [n for n, m in unet.named_modules() if isinstance(m, torch.nn.Linear) and m.weight.numel() < 4096]
+    assert small and all(reasons[n] in ("small (< 4096 weights)", "time embedding") for n in small)
+
+
+def test_fp8_keeps_convolutions_for_comfyui_format(unet):
+    reasons = _decide(unet, LayerPolicy(min_params=0, quantize=("*",)), scheme="fp8_e4m3")
+    assert reasons["down_blocks.0.resnets.0.conv1"].startswith("convolution (ComfyUI's fp8 format")
+    assert reasons["down_blocks.0.attentions.0.proj_in"] is None or isinstance(unet.down_blocks[0].attentions[0].proj_in, torch.nn.Conv2d)
+
+
+def test_yaml_override_keep_and_force():
+    policy = parse_policy("keep: ['*.attn2.*']\nquantize: [time_embedding.*]\nmin_params: 0\nconvs: false\n")
+    assert policy == LayerPolicy(keep=("*.attn2.*",), quantize=("time_embedding.*",), min_params=0, convs=False)
+    unet = MODELS["sd15"].build("tiny")
+    reasons = _decide(unet, policy)
+    assert reasons["down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k"] == "policy keep pattern"
+    assert reasons["time_embedding.linear_1"] is None
+    assert reasons["down_blocks.0.resnets.0.conv1"] == "convolution (policy convs: false)"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("keep: 3", "keep must be a list"), ("min_param: 3", "unknown layer policy key 'min_param'"),
+    ("- a", "must be a mapping"), ("convs: maybe", "convs must be true or false"), ("family: sdxx", "family 'sdxx'"),
+    ("min_params: -1", "min_params must be >= 0"), ("keep: [", "not valid YAML")])
+def test_bad_policy_says_what_is_wrong(text, message):
+    with pytest.raises(QuantizeError, match=message):
+        parse_policy(text)
+
+
+def test_empty_policy_is_the_default():
+    assert parse_policy("  ") == LayerPolicy()
