@@ -97,18 +97,7 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
             except Exception as exc:  # noqa: BLE001  a failing variant is recorded, the rest still run
                 row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                 log(f"  {name}: FAILED {row.error}")
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        order = list(calls.items())
-        for round_index in range(rounds):
-            # alternate the order each round so no variant always runs first (or right after another)
-            for name, fn in (order if round_index % 2 == 0 else order[::-1]):
-                fn(*args, **kwargs)  # warm
-                _sync(device)
-                start = time.perf_counter()
-                for _ in range(steps):
-                    fn(*args, **kwargs)
-                _sync(device)
-                times[name].append((time.perf_counter() - start) / steps * 1e3)
+        times = time_interleaved(calls, args, kwargs, device, rounds, steps)
     eager_ms = statistics.median(times["eager"]) if times.get("eager") else None
     for name, samples in times.items():
         rows[name].step_ms = statistics.median(samples)
@@ -125,6 +114,23 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
                   "after one warm-up call per variant per round",
         "rows": [asdict(r) for r in rows.values()],
     }
+
+
+def time_interleaved(calls: dict[str, Callable], args, kwargs, device: str, rounds: int, steps: int) -> dict[str, list[float]]:
+    """ms per call of each variant, one sample per round; rounds interleave the variants, in an
+    order reversed every other round so no variant always runs first (or right after another)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls.items())
+    for round_index in range(rounds):
+        for name, fn in (order if round_index % 2 == 0 else order[::-1]):
+            fn(*args, **kwargs)  # warm
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn(*args, **kwargs)
+            _sync(device)
+            times[name].append((time.perf_counter() - start) / steps * 1e3)
+    return times
 
 
 def format_table(result: dict) -> str:
@@ -153,6 +159,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "with --shapes: balanced; there, MODE+pin also pins the sequence's first shape)")
     parser.add_argument("--shapes", action="store_true", help="instead: the cost of a sequence of new batch sizes and "
                         "resolutions, against torch.compile dynamic=None and dynamic=True")
+    parser.add_argument("--quant", action="store_true", help="instead: each quantization scheme's weight memory, time per "
+                        "step (quantized eager, quantized + Kiln compile) and error, beside eager and Kiln's compile")
+    parser.add_argument("--schemes", default="int8_weight,int8_dynamic,fp8_e4m3", help="with --quant: schemes to run")
+    parser.add_argument("--policy", default="", help="with --quant: the layer policy, YAML (e.g. 'min_params: 0')")
     parser.add_argument("--baselines", default=None, help="with --shapes: torch.compile variants to run, comma-separated "
                         "from auto (dynamic=None), dynamic (dynamic=True), or none (default: both)")
     parser.add_argument("--rounds", type=int, default=8)
@@ -165,6 +175,10 @@ def main(args: argparse.Namespace) -> int:
         from . import shapes_bench
 
         return shapes_bench.main(args)
+    if args.quant:
+        from . import quant_bench
+
+        return quant_bench.main(args)
     size = args.size or ("full" if args.device == "cuda" else "cpu")
     dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
     result = run_bench(args.model, size, args.device, dtype, args.batch, [m for m in (args.modes or "fast,balanced,max").split(",") if m],

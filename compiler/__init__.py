@@ -8,6 +8,7 @@ from .plan import KilnPlan
 from .quantize import (SCHEMES, LayerPolicy, QuantizeError, QuantizeOptions, QuantReport, parse_policy, quant_report,
                        quantize)
 from .quantize import load as load_quantized
+from .quantize import pop_quantized_layer, stored_to_layer
 from .quantize import save as save_quantized
 from .shape_policy import ShapePolicyError
 from .stats import GraphCompile, KilnStats
@@ -16,4 +17,4 @@ __all__ = ["compile", "stats", "CompileOptions", "OptionsError", "ShapePolicyErr
            "GraphCompile", "KilnModel", "KilnPlan", "model_for", "unavailable_reason", "kernel_note",
            "build_options", "parse_expert_options", "MODES", "MODE_HELP", "LOWERINGS", "Lowering", "PASS_NAMES",
            "quantize", "quant_report", "QuantizeOptions", "QuantReport", "LayerPolicy", "parse_policy", "QuantizeError",
-           "SCHEMES", "save_quantized", "load_quantized"]
+           "SCHEMES", "save_quantized", "load_quantized", "pop_quantized_layer", "stored_to_layer"]

@@ -12,6 +12,9 @@ except Exception as _exc:  # noqa: BLE001  a broken compiler must not break Comf
     COMPILER_LOAD_ERROR = f"Kiln's compiler could not load ({type(_exc).__name__}: {_exc})"
     logging.getLogger("kiln").error("%s; Kiln nodes will pass models through eagerly", COMPILER_LOAD_ERROR)
 
-from .compile_unet import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: E402
+from . import compile_unet, quantize_model  # noqa: E402
+
+NODE_CLASS_MAPPINGS = {**compile_unet.NODE_CLASS_MAPPINGS, **quantize_model.NODE_CLASS_MAPPINGS}
+NODE_DISPLAY_NAME_MAPPINGS = {**compile_unet.NODE_DISPLAY_NAME_MAPPINGS, **quantize_model.NODE_DISPLAY_NAME_MAPPINGS}
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "COMPILER_LOAD_ERROR"]

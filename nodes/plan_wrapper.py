@@ -81,8 +81,8 @@ def _install(model_patcher, wrapper) -> str:
     return note
 
 
-def progress_bar():
-    """A progress callback for Kiln's compile that drives ComfyUI's progress bar and the log. ComfyUI's
+def progress_bar(work: str = "compile"):
+    """A progress callback for Kiln's `work` (compile, quantize) that drives ComfyUI's progress bar and the log. ComfyUI's
     cancel raises from ProgressBar.update (its interrupt check): the compile stops there."""
     bar = {}
 
@@ -91,7 +91,8 @@ def progress_bar():
 
         if done == 1 or "bar" not in bar:
             bar["bar"] = comfy.utils.ProgressBar(total)
-        log.info("Kiln compile: %s (%d/%d)", what, done, total)
+        if done == 1 or done == total or done % max(1, total // 10) == 0:
+            log.info("Kiln %s: %s (%d/%d)", work, what, done, total)
         bar["bar"].update_absolute(done, total)
 
     return progress

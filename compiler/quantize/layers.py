@@ -10,16 +10,23 @@ Weight patching (LoRA after quantization) goes through two methods that weight p
 ComfyUI's ModelPatcher look for on the layer owning a weight: `convert_weight` gives the patcher
 the dequantized float weight to patch, and `set_weight` stores the patched weight quantized again
 on the layer's own scales. The scales never change, so a patcher that restores the weight tensor
-it backed up (as ComfyUI does when it unpatches) restores the exact original layer.
+it backed up (as ComfyUI does when it unpatches) restores the exact original layer. The cost: a
+patch that takes a weight beyond the range its scale was set for is clipped there (said in the
+log, with the layer and how far); LoRA deltas are usually far inside that range, and a LoRA
+applied before quantizing is baked in exactly.
 """
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from ... import kernels  # noqa: F401  registers the kiln:: GEMM ops the layers call
 from .scheme import SCHEMES, Scheme
+
+log = logging.getLogger("kiln")
 
 
 class _QuantLayer(torch.nn.Module):
@@ -50,10 +57,22 @@ class _QuantLayer(torch.nn.Module):
                    return_weight: bool = False, **kwargs):
         """Store a patched float weight, quantized on this layer's own scales (stochastic rounding
         when the patcher gives a seed, so a patch smaller than one quantization step still counts)."""
+        self._warn_if_clipped(weight)
         stored, _ = self.scheme.quantize(weight, self.weight_scale, seed=seed)
         if return_weight:
             return stored
         self.weight = torch.nn.Parameter(stored.to(self.weight.device), requires_grad=False)
+
+    def _warn_if_clipped(self, weight: torch.Tensor) -> None:
+        """A patch that takes a weight beyond the range its scale was set for is clipped there: say so."""
+        from .scheme import _broadcast
+
+        ratio = (weight.detach().float().abs() / _broadcast(self.weight_scale.to(weight.device), weight.dim()))
+        over = ratio > self.scheme.qmax * 1.01
+        if over.any():
+            log.warning("Kiln: a weight patch (LoRA) on a quantized %s layer %s goes %.2fx beyond the range quantized for "
+                        "it; %d values were clipped. Put this LoRA before Kiln › Quantize Model to bake it in exactly.",
+                        self.scheme_name, tuple(weight.shape), ratio.max().item() / self.scheme.qmax, int(over.sum()))
 
     def _apply(self, fn, recurse=True):
         """Moves between devices; a dtype cast (model.half(), .to(bf16)) must not touch the stored

@@ -18,39 +18,8 @@ import comfy.supported_models  # noqa: E402
 from kiln.compiler import KilnPlan, Lowering, build_options, compat, model_for  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.plan_wrapper import PLAN_KEY  # noqa: E402
+from comfy_testing import lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
 from testing_utils import rel_err  # noqa: E402
-
-TINY_SD15 = dict(  # ComfyUI's SD1.5 UNet layout, scaled down
-    image_size=32, in_channels=4, out_channels=4, model_channels=32, num_res_blocks=1, channel_mult=[1, 2],
-    transformer_depth=[1, 1], transformer_depth_output=[1, 1, 1, 1],
-    transformer_depth_middle=1, use_spatial_transformer=True, context_dim=32, use_linear_in_transformer=False,
-    adm_in_channels=None, use_temporal_attention=False, legacy=False,
-)
-
-
-def make_tiny_sd15_patcher(seed: int = 0):
-    torch.manual_seed(seed)
-    config = comfy.supported_models.SD15(dict(TINY_SD15))
-    model = comfy.model_base.BaseModel(config, device=torch.device("cpu"))
-    for p in model.parameters():  # random weights at a sane scale
-        p.data.normal_(0, 0.05)
-    return comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
-
-
-def sample(patcher, batch=1, seed=3, size=16, steps=2, width=None):
-    torch.manual_seed(seed)
-    latent = torch.zeros(batch, 4, size, width or size)
-    noise = torch.randn(batch, 4, size, width or size)
-    pos, neg = [[torch.randn(1, 7, 32), {}]], [[torch.randn(1, 7, 32), {}]]
-    return comfy.sample.sample(patcher, noise, steps, 7.0, "euler", "normal", pos, neg, latent, disable_pbar=True, seed=seed)
-
-
-def lora_like_patches(patcher, scale=0.2, seed=5):
-    """A 'diff' patch on every attention projection: what a LoRA loader adds."""
-    gen = torch.Generator().manual_seed(seed)
-    sd = patcher.model.state_dict()
-    return {k: (torch.randn(sd[k].shape, generator=gen) * scale,) for k in sd if k.endswith(("to_q.weight", "to_v.weight"))}
-
 
 @pytest.fixture(scope="module")
 def compiled():

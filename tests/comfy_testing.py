@@ -1,0 +1,49 @@
+"""Helpers for the tests that run on ComfyUI's own classes (tests/comfyui/): import this only after
+checking COMFYUI_PATH, as those test modules do."""
+import comfy.model_base
+import comfy.model_patcher
+import comfy.sample
+import comfy.supported_models
+import torch
+
+TINY_SD15 = dict(  # ComfyUI's SD1.5 UNet layout, scaled down
+    image_size=32, in_channels=4, out_channels=4, model_channels=32, num_res_blocks=1, channel_mult=[1, 2],
+    transformer_depth=[1, 1], transformer_depth_output=[1, 1, 1, 1],
+    transformer_depth_middle=1, use_spatial_transformer=True, context_dim=32, use_linear_in_transformer=False,
+    adm_in_channels=None, use_temporal_attention=False, legacy=False,
+)
+
+
+# The smallest layout ComfyUI's model detection still reads as SD1.5 (the harness's "tiny" checkpoint):
+# for tests that save a model and load it back through ComfyUI's loaders.
+DETECTABLE_SD15 = dict(
+    image_size=32, in_channels=4, out_channels=4, model_channels=320, num_res_blocks=[1, 1], channel_mult=[1, 2],
+    transformer_depth=[1, 1], transformer_depth_output=[1, 1, 1, 1], transformer_depth_middle=1,
+    use_spatial_transformer=True, legacy=False, use_linear_in_transformer=False, context_dim=768, num_heads=8,
+    num_head_channels=-1, adm_in_channels=None, use_temporal_resblock=False, use_temporal_attention=False,
+)
+
+
+def make_tiny_sd15_patcher(seed: int = 0, unet_config=TINY_SD15):
+    torch.manual_seed(seed)
+    config = comfy.supported_models.SD15(dict(unet_config))
+    model = comfy.model_base.BaseModel(config, device=torch.device("cpu"))
+    for p in model.parameters():  # random weights at a sane scale
+        p.data.normal_(0, 0.05)
+    return comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+
+
+def sample(patcher, batch=1, seed=3, size=16, steps=2, width=None):
+    torch.manual_seed(seed)
+    latent = torch.zeros(batch, 4, size, width or size)
+    noise = torch.randn(batch, 4, size, width or size)
+    context = patcher.model.model_config.unet_config["context_dim"]
+    pos, neg = [[torch.randn(1, 7, context), {}]], [[torch.randn(1, 7, context), {}]]
+    return comfy.sample.sample(patcher, noise, steps, 7.0, "euler", "normal", pos, neg, latent, disable_pbar=True, seed=seed)
+
+
+def lora_like_patches(patcher, scale=0.2, seed=5):
+    """A 'diff' patch on every attention projection: what a LoRA loader adds."""
+    gen = torch.Generator().manual_seed(seed)
+    sd = patcher.model.state_dict()
+    return {k: (torch.randn(sd[k].shape, generator=gen) * scale,) for k in sd if k.endswith(("to_q.weight", "to_v.weight"))}

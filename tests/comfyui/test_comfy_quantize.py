@@ -1,0 +1,198 @@
+"""Kiln › Quantize Model, Save and Load on ComfyUI's own classes: ComfyUI's UNetModel in a
+ModelPatcher, sampled by ComfyUI's KSampler path, saved and loaded by ComfyUI's own loader.
+Runs when COMFYUI_PATH points at a ComfyUI tree; skips otherwise."""
+import json
+import os
+
+import pytest
+import torch
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
+if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
+    pytest.skip("COMFYUI_PATH is not set to a ComfyUI tree", allow_module_level=True)
+pytest.importorskip("comfy.model_management")
+
+import comfy.sd  # noqa: E402
+import comfy.utils  # noqa: E402
+import folder_paths  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+
+from comfy_testing import DETECTABLE_SD15, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
+from kiln.compiler.quantize import QuantLinear, quantized_layers  # noqa: E402
+from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
+from kiln.nodes.plan_wrapper import PLAN_KEY  # noqa: E402
+from kiln.nodes.quantize_model import KilnLoadQuantizedModel, KilnQuantizeModel, KilnSaveQuantizedModel  # noqa: E402
+from testing_utils import rel_err  # noqa: E402
+
+ALL_LAYERS = "min_params: 0"  # the tiny UNet's layers are all under the default size threshold
+# Sampled-latent error against the fp32 eager model after 2 steps, policy ALL_LAYERS (measured: 0.004, 0.010, 0.033)
+BOUND = {"int8_weight": 0.02, "int8_dynamic": 0.04, "fp8_e4m3": 0.08}
+
+
+@pytest.fixture(scope="module")
+def base():
+    return make_tiny_sd15_patcher()
+
+
+@pytest.fixture(scope="module")
+def eager(base):
+    return sample(base)
+
+
+@pytest.fixture(scope="module")
+def quantized(base):
+    return {scheme: KilnQuantizeModel().quantize(base, scheme, policy=ALL_LAYERS) for scheme in BOUND}
+
+
+@pytest.fixture(scope="module")
+def detectable():
+    """A UNet ComfyUI's loader recognises (SD1.5 layout, 2 levels), quantized under the default policy."""
+    base = make_tiny_sd15_patcher(unet_config=DETECTABLE_SD15)
+    return {scheme: KilnQuantizeModel().quantize(base, scheme)[0] for scheme in ("int8_weight", "fp8_e4m3")}
+
+
+@pytest.fixture
+def models_dir(tmp_path, monkeypatch):
+    monkeypatch.setitem(folder_paths.folder_names_and_paths, "diffusion_models", ([str(tmp_path)], {".safetensors"}))
+    monkeypatch.setattr(folder_paths, "filename_list_cache", {})
+    return tmp_path
+
+
+@pytest.mark.parametrize("scheme", list(BOUND))
+def test_quantized_sampling_is_close_to_eager(quantized, eager, scheme):
+    model, report = quantized[scheme]
+    layers = quantized_layers(model.model.diffusion_model)
+    assert layers and all(layer.scheme_name == scheme for layer in layers.values())
+    assert "layers quantized" in report and "kept in high precision" in report
+    assert rel_err(sample(model), eager) < BOUND[scheme]
+
+
+def test_the_model_given_is_untouched(base, quantized):
+    before = {k: v.clone() for k, v in base.model.state_dict().items()}
+    KilnQuantizeModel().quantize(base, "int8_dynamic", policy=ALL_LAYERS)
+    assert not quantized_layers(base.model.diffusion_model)
+    after = base.model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    model, _ = quantized["int8_weight"]
+    assert model.model is not base.model and model.model.diffusion_model is not base.model.diffusion_model
+
+
+def test_quantized_weights_take_the_quantized_size(base, quantized):
+    model, _ = quantized["int8_weight"]
+    assert model.model_size() < 0.5 * base.model_size()  # fp32 weights here: int8 is about a quarter
+
+
+def test_lora_before_the_node_is_baked_in(base):
+    lora = base.clone()
+    lora.add_patches(lora_like_patches(base))
+    with_lora = sample(lora)
+    model, report = KilnQuantizeModel().quantize(lora, "int8_weight", policy=ALL_LAYERS)
+    assert "weight patches made before this node" in report
+    assert rel_err(sample(model), with_lora) < BOUND["int8_weight"]
+
+
+def test_another_branchs_lora_left_applied_is_not_baked_in(base, eager):
+    """ComfyUI leaves the last prompt's patches on the shared module: quantizing the plain MODEL
+    afterwards must read the plain weights."""
+    other = base.clone()
+    other.add_patches(lora_like_patches(base))
+    sample(other)  # leaves the other branch's LoRA applied to the shared UNet
+    model, _ = KilnQuantizeModel().quantize(base, "int8_weight", policy=ALL_LAYERS)
+    assert rel_err(sample(model), eager) < BOUND["int8_weight"]
+
+
+@pytest.mark.parametrize("scheme", ["int8_weight", "fp8_e4m3"])
+def test_lora_after_the_node_changes_the_output_as_in_eager(base, eager, quantized, scheme):
+    model, _ = quantized[scheme]
+    plain = sample(model)
+    # a patch that stays inside the range each layer was quantized for: every attention projection scaled by 0.7
+    sd = base.model.state_dict()
+    patches = {k: (-0.3 * sd[k],) for k in sd if k.endswith(("to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight"))}
+    eager_lora, quant_lora = base.clone(), model.clone()
+    eager_lora.add_patches(patches)
+    assert len(quant_lora.add_patches(patches)) == len(patches)  # every key found: none dropped
+    eager_delta = sample(eager_lora) - eager
+    quant_delta = sample(quant_lora) - plain
+    assert eager_delta.abs().max() > 0.05  # the LoRA changes the image
+    assert rel_err(quant_delta, eager_delta) < 2 * BOUND[scheme] + 0.05
+    assert torch.equal(sample(model), plain)  # ComfyUI's unpatch restored the exact quantized weights
+
+
+def test_quantize_then_compile_matches_quantize_eager(quantized):
+    model, _ = quantized["int8_dynamic"]
+    plain = sample(model)
+    compiled, report = KilnCompileUNet().compile(model, mode="fast")
+    assert "quantize (int8_dynamic), then compile" in report
+    torch.testing.assert_close(sample(compiled), plain, atol=1e-4, rtol=1e-4)
+    assert rel_err(sample(compiled, batch=2, size=24), sample(model, batch=2, size=24)) < 1e-4
+
+
+def test_compile_then_quantize_keeps_the_compile_in_the_plan(base):
+    compiled, _ = KilnCompileUNet().compile(base, mode="fast")
+    model, _ = KilnQuantizeModel().quantize(compiled, "int8_weight", policy=ALL_LAYERS)
+    plan = model.model_options[PLAN_KEY]
+    assert plan.quantize.scheme == "int8_weight" and plan.compile.mode == "fast"
+
+
+def test_calibration_keeps_layers_above_the_threshold(base):
+    latent = {"samples": torch.zeros(1, 4, 16, 16)}
+    positive = [[torch.randn(1, 7, 32), {}]]
+    _, strict = KilnQuantizeModel().quantize(base, "fp8_e4m3", ALL_LAYERS, 2, 0.001, positive, latent)
+    _, loose = KilnQuantizeModel().quantize(base, "fp8_e4m3", ALL_LAYERS, 2, 0.5, positive, latent)
+    assert "calibration error > 0.001" in strict and "calibration error" not in loose
+    assert "model output error on" in loose
+
+
+@pytest.mark.parametrize("scheme", ["int8_weight", "fp8_e4m3"])
+def test_save_then_load_gives_identical_outputs(detectable, models_dir, scheme):
+    model = detectable[scheme]
+    KilnSaveQuantizedModel().save(model, f"kiln/{scheme}")
+    with pytest.raises(FileExistsError):
+        KilnSaveQuantizedModel().save(model, f"kiln/{scheme}")
+    loaded, report = KilnLoadQuantizedModel().load(f"kiln/{scheme}.safetensors")
+    assert "quantized layers" in report
+    assert torch.equal(sample(loaded, size=8), sample(model, size=8))
+
+
+def test_kiln_fp8_file_is_comfyuis_format_and_loads_in_stock_comfyui(detectable, models_dir):
+    model = detectable["fp8_e4m3"]
+    KilnSaveQuantizedModel().save(model, "fp8")
+    path = str(models_dir / "fp8.safetensors")
+    name = next(n for n, m in model.model.diffusion_model.named_modules() if isinstance(m, QuantLinear))
+    with safe_open(path, "pt") as f:
+        assert f.get_tensor(f"{name}.weight").dtype == torch.float8_e4m3fn
+        assert f.get_tensor(f"{name}.weight_scale").dtype == torch.float32
+        marker = f.get_tensor(f"{name}.comfy_quant")
+        assert json.loads(bytes(marker.tolist())) == {"format": "float8_e4m3fn"}
+    stock = comfy.sd.load_diffusion_model(path)  # ComfyUI's own Load Diffusion Model path, no Kiln
+    assert not quantized_layers(stock.model.diffusion_model)
+    assert rel_err(sample(stock, size=8), sample(model, size=8)) < 0.02
+
+
+@pytest.mark.parametrize("layout", ["comfy_quant", "scaled_fp8"])
+def test_a_comfyui_fp8_file_loads_in_kiln(detectable, models_dir, layout):
+    """ComfyUI's own fp8 layouts: the per-layer comfy_quant format (written here from a model stock
+    ComfyUI loaded) and the older checkpoint-wide "scaled_fp8" format ComfyUI still reads."""
+    model = detectable["fp8_e4m3"]
+    KilnSaveQuantizedModel().save(model, "fp8")
+    stock = comfy.sd.load_diffusion_model(str(models_dir / "fp8.safetensors"))
+    sd = {k: getattr(v, "_qdata", v) for k, v in stock.model.diffusion_model.state_dict().items()}
+    if layout == "scaled_fp8":
+        sd = {(k[:-len("weight_scale")] + "scale_weight" if k.endswith(".weight_scale") else k): v
+              for k, v in sd.items() if not k.endswith(".comfy_quant")}
+        sd["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    comfy.utils.save_torch_file(sd, str(models_dir / "comfy_fp8.safetensors"))
+    loaded, _ = KilnLoadQuantizedModel().load("comfy_fp8.safetensors")
+    assert len(quantized_layers(loaded.model.diffusion_model)) == len(quantized_layers(model.model.diffusion_model))
+    assert torch.equal(sample(loaded, size=8), sample(model, size=8))
+
+
+def test_save_refuses_a_model_that_is_not_quantized(base, models_dir):
+    with pytest.raises(ValueError, match="no Kiln-quantized layers"):
+        KilnSaveQuantizedModel().save(base, "plain")
+
+
+def test_filename_cannot_leave_the_folder(quantized, models_dir):
+    with pytest.raises(ValueError, match="leaves the diffusion_models folder"):
+        KilnSaveQuantizedModel().save(quantized["int8_weight"][0], "../escape")
+
