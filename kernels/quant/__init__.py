@@ -1,0 +1,21 @@
+"""Quantized GEMM kernels, each a kiln:: custom op with a pure-torch reference:
+
+    quantize_per_token   x (M, K) float -> (int8 (M, K), scale (M,) float32)   per-token activations
+    int8_weight_linear   x @ (int8 W * per-channel scale).T + bias              weight-only int8
+    fp8_weight_linear    x @ (e4m3 W * per-tensor scale).T + bias               ComfyUI's fp8 weights
+    int8_mm_scaled       int8 x int8 -> int32 GEMM, both scales and the bias in its epilogue
+    int8_dynamic_linear  quantize_per_token, then int8_mm_scaled                 W8A8
+
+compiler/quantize's QuantLinear layers call these by name (torch.ops.kiln.<op>).
+"""
+from .int8_dynamic_linear import (int8_dynamic_linear, int8_dynamic_linear_ref, int8_dynamic_linear_triton,
+                                  int8_mm_scaled, int8_mm_scaled_ref, int8_mm_scaled_triton)
+from .int8_weight_linear import (fp8_weight_linear, fp8_weight_linear_ref, fp8_weight_linear_triton,
+                                 int8_weight_linear, int8_weight_linear_ref, int8_weight_linear_triton)
+from .quantize_per_token import quantize_per_token, quantize_per_token_ref, quantize_per_token_triton
+
+__all__ = ["quantize_per_token", "quantize_per_token_ref", "quantize_per_token_triton",
+           "int8_weight_linear", "int8_weight_linear_ref", "int8_weight_linear_triton",
+           "fp8_weight_linear", "fp8_weight_linear_ref", "fp8_weight_linear_triton",
+           "int8_mm_scaled", "int8_mm_scaled_ref", "int8_mm_scaled_triton",
+           "int8_dynamic_linear", "int8_dynamic_linear_ref", "int8_dynamic_linear_triton"]

@@ -1,0 +1,268 @@
+"""Weight-only quantized Linear: int8 (kiln::int8_weight_linear) or float8 e4m3 (kiln::fp8_weight_linear)
+weights, activations in high precision; one Triton GEMM dequantizes the weight tile as it loads it.
+
+    int8_weight_linear(x (..., K) float, weight (N, K) int8, scale (N,) float32, bias (N,) | None)
+        -> (..., N) in x.dtype = (x @ weight.T) * scale + bias
+    fp8_weight_linear(x (..., K) float, weight (N, K) float8_e4m3fn, scale () or (1,) float32, bias)
+        -> (..., N) in x.dtype = (x @ weight.T) * scale + bias      (ComfyUI's fp8: one scale per tensor)
+
+The kernel (`_weight_only_linear_kernel`) loads an int8 or fp8 (BLOCK_K, BLOCK_N) tile of W^T,
+converts it to x's dtype (exact: |int8| <= 127 and every e4m3 value fit fp16 and bf16), runs
+tl.dot into an fp32 accumulator, and in the epilogue multiplies by the scale (per channel or per
+tensor), adds the bias and stores x's dtype. No dequantized weight is ever written to memory.
+It is autotuned over WEIGHT_ONLY_CONFIGS keyed on (N, K); each config's shared memory fits sm_89's
+99 KiB (checked by compiling every entry of gpu_builds()).
+
+Which path runs where (`int8_path` / `fp8_path` decide; each fallback says so once in the log):
+    CPU (any dtype)                    reference: dequantize to fp32, F.linear in fp32, cast back.
+    CUDA, fp16/bf16 x, Triton          int8: the Triton kernel.
+    CUDA, fp32 x or no Triton          dequantize the weight to x's dtype, then F.linear (cuBLAS;
+                                       one weight-sized temporary per call).
+    fp8, CUDA sm_89+, K % 16 == N % 16 == 0
+                                       torch._scaled_mm: x quantized per tensor to e4m3 at run time
+                                       (scale_x = amax(|x|) / 448) and an fp8 x fp8 tensor-core GEMM
+                                       with both scales and the bias (fp16/bf16 x) applied by cuBLASLt.
+    fp8, CUDA sm_89+, other K or N     the Triton kernel with fp8 storage (fp16/bf16 x; Triton's
+                                       fp8e4nv needs sm_89), else dequantize + F.linear.
+    fp8, CUDA before sm_89             dequantize to x's dtype + F.linear.
+
+Why not `torch._weight_int8pack_mm` as the CPU fast path: measured in this torch (2.13, CPU
+capability AVX2), bf16 x with K not a multiple of 16 segfaults (x (5, 33), w (7, 33)) or returns
+garbage without an error (x (1, 33): relative error 3.6e13); with ATEN_CPU_CAPABILITY=default the
+same call is right. Which kernel runs depends on the user's CPU, so no shape guard tested on one
+machine proves it safe on another, and it also wants the scale in x's dtype. Kiln's CPU path is
+the fp32 reference.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .._build import KernelBuild
+from .._library import define_op, log_once, triton_available, use_triton
+from ._gemm import EPS, FP8_MAX, GemmConfig, autotuned, cdiv, interpreting, triton_dtype
+
+# Sensible for A100/H100 (and the 99 KiB of an sm_89 card): fp16/bf16 x tile plus an 8-bit weight tile per stage.
+WEIGHT_ONLY_CONFIGS = [
+    GemmConfig(128, 128, 64, 8, 3),
+    GemmConfig(128, 64, 64, 4, 4),
+    GemmConfig(64, 128, 64, 4, 4),
+    GemmConfig(64, 64, 64, 4, 4),
+]
+GEMM_DTYPES = (torch.float16, torch.bfloat16)  # activations the Triton path takes on CUDA
+SCALED_MM_ALIGN = 16                           # torch._scaled_mm wants K and N multiples of 16
+
+
+def int8_weight_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                           bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Dequantize (weight * scale in fp32), F.linear in fp32, cast back to x's dtype. Any 8-bit weight."""
+    w = weight.float() * scale.float().reshape(-1, 1)  # (N,) per channel, or () / (1,) per tensor
+    return F.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)
+
+
+def fp8_weight_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                          bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return int8_weight_linear_ref(x, weight, scale, bias)
+
+
+def _dequant_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor]):
+    """CUDA fallback: dequantize the weight to x's dtype, then F.linear (cuBLAS in x's dtype)."""
+    w = (weight.to(torch.float32) * scale.float().reshape(-1, 1)).to(x.dtype)
+    return F.linear(x, w, None if bias is None else bias.to(x.dtype))
+
+
+def _kernels():
+    """The @triton.jit kernel and its autotuned wrapper, built once per interpreter setting
+    (TRITON_INTERPRET=1 makes @triton.jit give an interpreted function; the GPU build check needs
+    the real JITFunction)."""
+    return _build_kernels(interpreting())
+
+
+@functools.lru_cache(maxsize=None)
+def _build_kernels(interpret: bool):
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _weight_only_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K,
+                                   stride_xm, stride_wn, stride_om,
+                                   HAS_BIAS: tl.constexpr, PER_CHANNEL: tl.constexpr, BLOCK_M: tl.constexpr,
+                                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        # x (M, K) and w (N, K) have unit stride along K (the launcher makes sure); out (M, N) is packed.
+        pid = tl.program_id(0)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        group_size = GROUP_M * num_pid_n
+        first_m = (pid // group_size) * GROUP_M
+        rows_in_group = min(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % group_size) % rows_in_group
+        pid_n = (pid % group_size) // rows_in_group
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = (offs_m % M).to(tl.int64)  # wrapped, so the loads need no M or N mask; the store is masked
+        rn = (offs_n % N).to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + rm[:, None] * stride_xm + offs_k[None, :]
+        w_ptrs = w_ptr + rn[None, :] * stride_wn + offs_k[:, None]  # a (BLOCK_K, BLOCK_N) tile of W^T
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            k_left = K - k * BLOCK_K
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            acc = tl.dot(a, b.to(a.dtype), acc)  # int8 / e4m3 -> fp16 / bf16 is exact
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        if PER_CHANNEL:
+            acc = acc * tl.load(scale_ptr + rn)[None, :]
+        else:
+            acc = acc * tl.load(scale_ptr)
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+        out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+    return _weight_only_linear_kernel, autotuned(_weight_only_linear_kernel, WEIGHT_ONLY_CONFIGS, interpret)
+
+
+def _weight_only_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                               bias: Optional[torch.Tensor]) -> torch.Tensor:
+    K = x.shape[-1]
+    N = weight.shape[0]
+    assert weight.shape == (N, K), f"weight must be (N, {K}), got {tuple(weight.shape)}"
+    assert scale.numel() in (1, N), f"scale must be ({N},) or one per tensor, got {tuple(scale.shape)}"
+    assert bias is None or bias.shape == (N,), f"bias must be ({N},), got {tuple(bias.shape)}"
+    rows = x.reshape(-1, K)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    scale = scale.to(torch.float32).reshape(-1).contiguous()
+    M = rows.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if out.numel():
+        _, kernel = _kernels()
+        grid = lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+        kernel[grid](rows, weight, scale, scale if bias is None else bias.contiguous(), out, M, N, K,
+                     rows.stride(0), weight.stride(0), out.stride(0),
+                     HAS_BIAS=bias is not None, PER_CHANNEL=scale.numel() != 1)
+    return out.view(*x.shape[:-1], N)
+
+
+def int8_weight_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                              bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Launch the Triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
+    assert weight.dtype == torch.int8, f"int8_weight_linear takes int8 weights, got {weight.dtype}"
+    return _weight_only_linear_triton(x, weight, scale, bias)
+
+
+def fp8_weight_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                             bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The same kernel with float8_e4m3fn weights and one scale (sm_89+ on CUDA; any CPU under the interpreter)."""
+    assert weight.dtype == torch.float8_e4m3fn, f"fp8_weight_linear takes float8_e4m3fn weights, got {weight.dtype}"
+    assert scale.numel() == 1, f"fp8_weight_linear takes one per-tensor scale, got {tuple(scale.shape)}"
+    return _weight_only_linear_triton(x, weight, scale, bias)
+
+
+def fp8_weight_linear_scaled_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """CUDA sm_89+, K and N multiples of 16: x quantized per tensor to e4m3 now, fp8 x fp8 GEMM by cuBLASLt."""
+    K = x.shape[-1]
+    N = weight.shape[0]
+    rows = x.reshape(-1, K)
+    scale_x = (rows.abs().amax().float() / FP8_MAX).clamp_min(EPS)
+    x_fp8 = (rows.float() / scale_x).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    fused_bias = bias is not None and x.dtype in GEMM_DTYPES
+    out = torch._scaled_mm(x_fp8, weight.contiguous().t(), scale_a=scale_x, scale_b=scale.float().reshape(()),
+                           bias=bias.to(x.dtype) if fused_bias else None, out_dtype=x.dtype)
+    if bias is not None and not fused_bias:
+        out = out + bias.to(x.dtype)
+    return out.view(*x.shape[:-1], N)
+
+
+def int8_path(x: torch.Tensor) -> str:
+    """"triton", "dequant" (CUDA fallback) or "reference" (CPU): see the module docstring."""
+    if x.device.type != "cuda":
+        return "reference"
+    if x.dtype in GEMM_DTYPES and use_triton(x, "int8_weight_linear"):
+        return "triton"
+    log_once("int8_weight_linear dequant", f"kiln::int8_weight_linear: {x.dtype} activations (or no Triton) "
+             "dequantize the weight per call, then F.linear: a weight-sized temporary and a second GEMM-sized pass")
+    return "dequant"
+
+
+def fp8_path(device_type: str, capability: tuple[int, int], dtype: torch.dtype, K: int, N: int,
+             triton_ok: bool) -> str:
+    """"scaled_mm", "triton", "dequant" or "reference" for these inputs: see the module docstring."""
+    if device_type != "cuda":
+        return "reference"
+    if capability >= (8, 9):
+        if K % SCALED_MM_ALIGN == 0 and N % SCALED_MM_ALIGN == 0 and hasattr(torch, "_scaled_mm"):
+            return "scaled_mm"
+        if dtype in GEMM_DTYPES and triton_ok:
+            return "triton"
+    return "dequant"
+
+
+_INT8_PATHS = {"triton": int8_weight_linear_triton, "dequant": _dequant_linear, "reference": int8_weight_linear_ref}
+_FP8_PATHS = {"scaled_mm": fp8_weight_linear_scaled_mm, "triton": fp8_weight_linear_triton,
+              "dequant": _dequant_linear, "reference": fp8_weight_linear_ref}
+
+
+def _int8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                        bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _INT8_PATHS[int8_path(x)](x, weight, scale, bias)
+
+
+def _fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                       bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    cuda = x.device.type == "cuda"
+    path = fp8_path(x.device.type, torch.cuda.get_device_capability(x.device) if cuda else (0, 0), x.dtype,
+                    x.shape[-1], weight.shape[0], cuda and triton_available())
+    if path == "dequant":
+        log_once("fp8_weight_linear dequant", "kiln::fp8_weight_linear: no fp8 GEMM for these inputs (before sm_89, "
+                 "fp32 activations or no Triton): the weight is dequantized per call, then F.linear")
+    return _FP8_PATHS[path](x, weight, scale, bias)
+
+
+def _weight_linear_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                        bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    torch._check(weight.dim() == 2 and weight.shape[1] == x.shape[-1],
+                 lambda: f"weight must be (N, {x.shape[-1]}), got {tuple(weight.shape)}")
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+int8_weight_linear_op = define_op("int8_weight_linear", _int8_weight_linear, _weight_linear_fake)
+fp8_weight_linear_op = define_op("fp8_weight_linear", _fp8_weight_linear, _weight_linear_fake)
+
+
+def int8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                       bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return torch.ops.kiln.int8_weight_linear(x, weight, scale, bias)
+
+
+def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                      bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return torch.ops.kiln.fp8_weight_linear(x, weight, scale, bias)
+
+
+def gpu_builds() -> list[KernelBuild]:
+    """One build per autotune config, activation dtype (fp16, bf16) and weight storage (int8; fp8 on sm_89+)."""
+    fn, _ = _kernels()
+    builds = []
+    for cfg in WEIGHT_ONLY_CONFIGS:
+        for dt in GEMM_DTYPES:
+            for wdt, per_channel, min_arch in ((torch.int8, True, 80), (torch.float8_e4m3fn, False, 89)):
+                x, w = triton_dtype(dt), triton_dtype(wdt)
+                builds.append(KernelBuild(
+                    name=f"weight_only_linear {x} x {w} {cfg.name}", fn=fn,
+                    signature={"x_ptr": f"*{x}", "w_ptr": f"*{w}", "scale_ptr": "*fp32", "bias_ptr": f"*{x}",
+                               "out_ptr": f"*{x}", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
+                               "stride_wn": "i32", "stride_om": "i32", "HAS_BIAS": "constexpr",
+                               "PER_CHANNEL": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                               "BLOCK_K": "constexpr", "GROUP_M": "constexpr"},
+                    constexprs={"HAS_BIAS": True, "PER_CHANNEL": per_channel, **cfg.constexprs()},
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages, min_arch=min_arch))
+    return builds
