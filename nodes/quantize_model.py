@@ -83,7 +83,8 @@ class KilnSaveQuantizedModel:
         import folder_paths
 
         _compiler()
-        root = folder_paths.get_folder_paths("diffusion_models")[0]
+        roots = folder_paths.get_folder_paths("diffusion_models")  # [models/unet (legacy name), models/diffusion_models, ...]
+        root = next((r for r in roots if os.path.basename(os.path.normpath(r)) == "diffusion_models"), roots[0])
         path = os.path.abspath(os.path.join(root, filename if filename.endswith(".safetensors") else filename + ".safetensors"))
         if not path.startswith(os.path.abspath(root) + os.sep):
             raise ValueError(f"filename {filename!r} leaves the diffusion_models folder")

@@ -25,8 +25,11 @@ from kiln.nodes.quantize_model import KilnLoadQuantizedModel, KilnQuantizeModel,
 from testing_utils import rel_err  # noqa: E402
 
 ALL_LAYERS = "min_params: 0"  # the tiny UNet's layers are all under the default size threshold
-# Sampled-latent error against the fp32 eager model after 2 steps, policy ALL_LAYERS (measured: 0.004, 0.010, 0.033)
-BOUND = {"int8_weight": 0.02, "int8_dynamic": 0.04, "fp8_e4m3": 0.08}
+# Sampled latent against the fp32 eager model's after 2 steps, policy ALL_LAYERS (max error relative to the
+# max magnitude; the latent is mostly noise at 2 steps). Measured: 1.6e-4, 1.5e-4, 0.7e-4; bounds ~6x that.
+BOUND = {"int8_weight": 1e-3, "int8_dynamic": 1e-3, "fp8_e4m3": 1e-3}
+# The change a weight patch makes after quantization against the change it makes in eager (measured 0.027, 0.058)
+LORA_BOUND = {"int8_weight": 0.06, "fp8_e4m3": 0.12}
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +117,7 @@ def test_lora_after_the_node_changes_the_output_as_in_eager(base, eager, quantiz
     eager_delta = sample(eager_lora) - eager
     quant_delta = sample(quant_lora) - plain
     assert eager_delta.abs().max() > 0.05  # the LoRA changes the image
-    assert rel_err(quant_delta, eager_delta) < 2 * BOUND[scheme] + 0.05
+    assert rel_err(quant_delta, eager_delta) < LORA_BOUND[scheme]
     assert torch.equal(sample(model), plain)  # ComfyUI's unpatch restored the exact quantized weights
 
 
