@@ -68,7 +68,17 @@ VARIANTS: dict[str, Callable] = {
     # the same without Kiln's Triton kernels: what they add over Inductor's own fusion, in one run
     "kiln balanced, no kiln kernels": lambda m: _kiln(m, "balanced", kernels=False),
     "kiln fast, no kiln kernels": lambda m: _kiln(m, "fast", kernels=False),
+    # quantized (the default layer policy), then Kiln's balanced compile
+    "kiln balanced + int8_weight": lambda m: _kiln(_quantized(m, "int8_weight"), "balanced"),
+    "kiln balanced + int8_dynamic": lambda m: _kiln(_quantized(m, "int8_dynamic"), "balanced"),
+    "kiln balanced + fp8_e4m3": lambda m: _kiln(_quantized(m, "fp8_e4m3"), "balanced"),
 }
+# The quantization targets: at these cases, one of these schemes compiled by Kiln runs at least
+# QUANT_SPEEDUP x faster than Kiln's own compile of the unquantized model, with at most
+# QUANT_WEIGHT_FRACTION of its weight memory.
+QUANT_TARGET_CASES = ("sdxl-1024-cfg", "flux-1024")
+QUANT_TARGET_SCHEMES = ("kiln balanced + int8_dynamic", "kiln balanced + fp8_e4m3")
+QUANT_SPEEDUP, QUANT_WEIGHT_FRACTION = 1.3, 0.55
 KERNEL_PASSES = tuple(p.name for p in PASSES if p.kernel_op)
 
 
@@ -77,6 +87,39 @@ def _kiln(module, mode, cuda_graphs: bool = False, kernels: bool = True):
 
     passes = {} if kernels else {name: "off" for name in KERNEL_PASSES}
     return compiler.compile(module, options=compiler.CompileOptions(mode=mode, cuda_graphs=cuda_graphs, passes=passes))
+
+
+def _quantized(module, scheme):
+    """The default layer policy; the tiny CPU-check models (under 10M parameters) have every layer under
+    its size threshold, so they quantize every layer the family defaults allow."""
+    from .. import compiler
+
+    tiny = sum(p.numel() for p in module.parameters()) < 10_000_000
+    return compiler.quantize(module, scheme, policy="min_params: 0" if tiny else None)
+
+
+def weight_gb(runner) -> float:
+    """Parameters and buffers of the module a variant runs (its quantized copy for a quantized variant)."""
+    module = getattr(runner, "original", None) or getattr(runner, "_orig_mod", None) or runner
+    tensors = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values()) / 2 ** 30
+
+
+def quant_targets(results: list[dict]) -> list[dict]:
+    """For each target case: the best quantized variant against `kiln balanced`, and whether it meets
+    both targets (speed and weight memory)."""
+    out = []
+    for case in QUANT_TARGET_CASES:
+        rows = {r["variant"]: r for r in results if r["case"] == case and not r["error"]}
+        base = rows.get("kiln balanced")
+        candidates = [rows[v] for v in QUANT_TARGET_SCHEMES if v in rows]
+        if base is None or not candidates:
+            continue
+        best = min(candidates, key=lambda r: r["ms"])
+        speedup, weights = base["ms"] / best["ms"], best["weight_gb"] / base["weight_gb"]
+        out.append({"case": case, "variant": best["variant"], "speedup_vs_kiln": speedup, "weight_fraction": weights,
+                    "met": speedup >= QUANT_SPEEDUP and weights <= QUANT_WEIGHT_FRACTION})
+    return out
 
 
 @dataclass
@@ -90,6 +133,7 @@ class Result:
     speedup: Optional[float] = None
     tflops: Optional[float] = None
     ceiling_fraction: Optional[float] = None
+    weight_gb: Optional[float] = None
     passes: dict = field(default_factory=dict)
     error: Optional[str] = None
 
@@ -149,6 +193,7 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
         results.append(result)
         try:
             runner = VARIANTS[name](module)
+            result.weight_gb = weight_gb(runner)
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             with torch.inference_mode():
@@ -252,6 +297,11 @@ def main(argv=None) -> int:
             "method": "median of CUDA-event timings per step after 3 warm-up calls; compile = first call; "
                       "torch._dynamo.reset() between variants",
             "results": [asdict(r) for r in results]}
+    data["quant_targets"] = quant_targets(data["results"])
+    for target in data["quant_targets"]:
+        log(f"quantization target at {target['case']}: {target['variant']} {target['speedup_vs_kiln']:.2f}x vs kiln "
+            f"balanced (target {QUANT_SPEEDUP}x), weights {target['weight_fraction']:.0%} (target <= "
+            f"{QUANT_WEIGHT_FRACTION:.0%}): {'met' if target['met'] else 'NOT met'}")
     (args.out / f"{stamp}.json").write_text(json.dumps(data, indent=2))
     log(f"wrote {args.out / (stamp + '.json')}")
     if not args.no_readme and not args.tiny:

@@ -63,6 +63,16 @@ class _QuantLayer(torch.nn.Module):
             return stored
         self.weight = torch.nn.Parameter(stored.to(self.weight.device), requires_grad=False)
 
+    def _on_device_of(self, x: torch.Tensor) -> tuple:
+        """(weight, scale, bias) on x's device. A host that leaves some layers on another device
+        (ComfyUI's low-VRAM partial loading) gets them copied for each call, said once."""
+        tensors = (self.weight, self.weight_scale, self.bias)
+        if self.weight.device == x.device:
+            return tensors
+        _say_once(f"Kiln: quantized layers are on {self.weight.device} and their input on {x.device}: their weights are "
+                  "copied over on each call (a partially loaded model); give the model enough memory to load whole")
+        return tuple(None if t is None else t.to(x.device, non_blocking=True) for t in tensors)
+
     def _warn_if_clipped(self, weight: torch.Tensor) -> None:
         """A patch that takes a weight beyond the range its scale was set for is clipped there: say so."""
         from .scheme import _broadcast
@@ -106,7 +116,8 @@ class QuantLinear(_QuantLayer):
                    None if bias is None else bias.detach().to(out_device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scheme.linear()(x, self.weight, self.weight_scale, self.bias)
+        weight, scale, bias = self._on_device_of(x)
+        return self.scheme.linear()(x, weight, scale, bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme_name}"
@@ -134,8 +145,9 @@ class QuantConv2d(_QuantLayer):
                    conv.stride, conv.padding, conv.dilation, conv.groups, conv.padding_mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.scheme.dequantize(self.weight, self.weight_scale, x.dtype)
-        bias = None if self.bias is None else self.bias.to(x.dtype)
+        weight, scale, bias = self._on_device_of(x)
+        weight = self.scheme.dequantize(weight, scale, x.dtype)
+        bias = None if bias is None else bias.to(x.dtype)
         return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self) -> str:
@@ -144,6 +156,13 @@ class QuantConv2d(_QuantLayer):
 
 
 QUANT_LAYERS = (QuantLinear, QuantConv2d)
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.warning(message)
 
 
 def quantized_layers(module: torch.nn.Module) -> dict[str, _QuantLayer]:

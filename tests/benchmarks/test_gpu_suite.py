@@ -1,6 +1,7 @@
 """The GPU suite must not rot between GPU runs: run it on the CPU with tiny models."""
 import json
 
+import pytest
 import torch
 
 from kiln.benchmarks import gpu_suite
@@ -50,3 +51,24 @@ def test_readme_from_a_results_file(tmp_path, monkeypatch):
 def test_flop_count_is_the_matmul_count():
     lin = torch.nn.Linear(16, 8, bias=False)
     assert gpu_suite.model_flops(lambda: lin(torch.randn(4, 16))) == 2 * 4 * 16 * 8
+
+
+@pytest.mark.slow
+def test_quantized_variants_run_and_report_their_weights(tmp_path):
+    code = gpu_suite.main(["--tiny", "--cases", "sd3-tiny", "--variants", "eager,kiln balanced + int8_dynamic",
+                           "--out", str(tmp_path)])
+    assert code == 0
+    rows = {r["variant"]: r for r in json.loads(next(tmp_path.glob("*.json")).read_text())["results"]}
+    quantized = rows["kiln balanced + int8_dynamic"]
+    assert quantized["error"] is None and quantized["weight_gb"] < rows["eager"]["weight_gb"]
+
+
+def test_quant_targets_compare_with_kilns_own_compile():
+    rows = [{"case": "flux-1024", "variant": "kiln balanced", "ms": 100.0, "weight_gb": 22.0, "error": None},
+            {"case": "flux-1024", "variant": "kiln balanced + fp8_e4m3", "ms": 70.0, "weight_gb": 11.5, "error": None},
+            {"case": "flux-1024", "variant": "kiln balanced + int8_dynamic", "ms": 80.0, "weight_gb": 11.5, "error": None}]
+    (target,) = gpu_suite.quant_targets(rows)
+    assert target["variant"] == "kiln balanced + fp8_e4m3" and target["met"]
+    assert abs(target["speedup_vs_kiln"] - 100 / 70) < 1e-9
+    rows[1]["weight_gb"] = 13.0
+    assert not gpu_suite.quant_targets(rows)[0]["met"]  # 59% of the weights: over the 55% target

@@ -1,0 +1,46 @@
+"""Quantized layers on their own: shapes, dtype casts, devices, weight patching and clipping."""
+import logging
+
+import pytest
+import torch
+
+from kiln.compiler.quantize import SCHEMES, QuantConv2d, QuantLinear
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_linear_matches_its_dequantized_weight(scheme):
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(45, 29)
+    layer = QuantLinear.from_float(dense, SCHEMES[scheme])
+    x = torch.randn(3, 7, 45)
+    out = layer(x)
+    assert out.shape == (3, 7, 29) and out.dtype == x.dtype
+    ref = torch.nn.functional.linear(x, layer.dequantized_weight(), dense.bias)
+    tolerance = 0.02 if scheme == "int8_dynamic" else 1e-5  # activations quantized too
+    assert ((out - ref).norm() / ref.norm()).item() < tolerance
+
+
+def test_conv_is_weight_only():
+    torch.manual_seed(0)
+    dense = torch.nn.Conv2d(5, 7, 3, padding=1, stride=2)
+    layer = QuantConv2d.from_float(dense, SCHEMES["int8_weight"])
+    x = torch.randn(2, 5, 9, 11)
+    ref = torch.nn.functional.conv2d(x, layer.dequantized_weight(), dense.bias, 2, 1)
+    torch.testing.assert_close(layer(x), ref)
+
+
+def test_a_patch_beyond_the_quantized_range_is_clipped_and_said(caplog):
+    layer = QuantLinear.from_float(torch.nn.Linear(8, 4), SCHEMES["int8_weight"])
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        layer.set_weight(layer.dequantized_weight() * 3, seed=0)
+    assert "goes 3.00x beyond the range quantized for it" in caplog.text
+    assert layer.weight.abs().max() == 127
+
+
+def test_weights_on_another_device_are_copied_for_the_call(caplog):
+    """What a partially loaded model looks like from the layer: weights and input on different devices."""
+    layer = QuantLinear.from_float(torch.nn.Linear(8, 4), SCHEMES["int8_weight"])  # on the CPU
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        out = layer(torch.randn(2, 8, device="meta"))  # the input on another device (meta: shapes only)
+    assert out.shape == (2, 4) and out.device.type == "meta" and "copied over on each call" in caplog.text
+    assert layer.weight.device.type == "cpu"  # the layer itself stays where the host put it
