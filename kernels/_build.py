@@ -21,6 +21,10 @@ class KernelBuild:
         ({"x_ptr": "*fp16", "n_cols": "i32", "BLOCK": "constexpr"}).
     constexprs: the constexpr values of this build.
     min_arch: the oldest sm it must build for (89 for kernels that use fp8 tensor cores).
+    aligned: arguments Triton sees as multiples of 16 at run time (16-byte aligned pointers, sizes
+        and strides divisible by 16), as it specialises them for real layers' shapes: without these
+        hints a GEMM cannot vectorise its loads (and spills). Layers with odd sizes run the
+        unhinted variant, which the check builds as well where a build says so (`aligned=()`).
     """
 
     name: str
@@ -30,3 +34,9 @@ class KernelBuild:
     num_warps: int = 4
     num_stages: int = 3
     min_arch: int = 80
+    aligned: tuple[str, ...] = ()
+
+    def attrs(self) -> dict:
+        """ASTSource's attrs for the alignment hints: {(argument index,): [["tt.divisibility", 16]]}."""
+        names = list(self.signature)
+        return {(names.index(name),): [["tt.divisibility", 16]] for name in self.aligned}

@@ -10,6 +10,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from ._build import KernelBuild
 from ._library import define_op, use_triton
 
 BLOCK = 1024
@@ -71,3 +72,14 @@ geglu_op = define_op("geglu", _geglu, _geglu_fake)
 
 def geglu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return torch.ops.kiln.geglu(x, approximate)
+
+
+def gpu_builds() -> list[KernelBuild]:
+    """As launched: BLOCK=1024, Triton's default 4 warps, exact and tanh GELU, fp16/bf16/fp32 activations.
+    The models' widths (n = 1280 to 5120) and row strides are multiples of 16, as are the pointers."""
+    return [KernelBuild(f"geglu {dt} approximate={approximate} BLOCK={BLOCK}", _kernels(),
+                        {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}", "n_cols": "i32", "x_row_stride": "i32",
+                         "out_row_stride": "i32", "BLOCK": "constexpr", "APPROX_TANH": "constexpr"},
+                        {"BLOCK": BLOCK, "APPROX_TANH": approximate == "tanh"},
+                        aligned=("x_ptr", "out_ptr", "n_cols", "x_row_stride", "out_row_stride"))
+            for dt in ("fp16", "bf16", "fp32") for approximate in ("none", "tanh")]

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ._build import KernelBuild
 from ._library import define_op, use_triton
 
 STATS_BLOCK = 1024
@@ -149,3 +150,35 @@ group_norm_silu_op = define_op("group_norm_silu", _group_norm_silu, _group_norm_
 def group_norm_silu(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor] = None,
                     bias: Optional[torch.Tensor] = None, eps: float = 1e-5, silu: bool = True) -> torch.Tensor:
     return torch.ops.kiln.group_norm_silu(x, num_groups, weight, bias, eps, silu)
+
+
+def gpu_builds() -> list[KernelBuild]:
+    """As launched: BLOCK=1024, 4 warps, NCHW and channels-last, fp16/bf16/fp32 (ComfyUI often runs
+    the VAE in fp32), affine with SiLU (what fuse_group_norm_silu emits). The unit stride (spatial in
+    NCHW, channel in channels-last) is 1, which Triton compiles as a constant; channels (320 to 1280,
+    VAE 128 to 512), groups (32), spatial sizes (8x8 up) and the other strides are multiples of 16."""
+    stats, apply = _kernels()
+    builds = []
+    for dt in ("fp16", "bf16", "fp32"):
+        for channels_last in (False, True):
+            layout = "channels_last" if channels_last else "NCHW"
+            unit = "stride_c" if channels_last else "stride_s"
+            signature = {"x_ptr": f"*{dt}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "C": "i32", "S": "i32",
+                         "G": "i32", "stride_n": "i32", "stride_c": "i32", "stride_s": "i32", "eps": "fp32",
+                         "CHANNELS_LAST": "constexpr", "BLOCK": "constexpr"}
+            signature[unit] = "constexpr"
+            builds.append(KernelBuild(
+                f"group_stats {dt} {layout} BLOCK={STATS_BLOCK}", stats, signature,
+                {unit: 1, "CHANNELS_LAST": channels_last, "BLOCK": STATS_BLOCK},
+                aligned=tuple(a for a in ("x_ptr", "mean_ptr", "rstd_ptr", "C", "S", "G", "stride_n", "stride_c",
+                                          "stride_s") if a != unit)))
+            builds.append(KernelBuild(
+                f"group_apply {dt} {layout} affine silu BLOCK={APPLY_BLOCK}", apply,
+                {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "w_ptr": f"*{dt}",
+                 "b_ptr": f"*{dt}", "numel": "i32", "C": "i32", "S": "i32", "G": "i32",
+                 "CHANNELS_LAST": "constexpr", "HAS_WEIGHT": "constexpr", "HAS_BIAS": "constexpr",
+                 "SILU": "constexpr", "BLOCK": "constexpr"},
+                {"CHANNELS_LAST": channels_last, "HAS_WEIGHT": True, "HAS_BIAS": True, "SILU": True,
+                 "BLOCK": APPLY_BLOCK},
+                aligned=("x_ptr", "out_ptr", "mean_ptr", "rstd_ptr", "w_ptr", "b_ptr", "numel", "C", "S", "G")))
+    return builds

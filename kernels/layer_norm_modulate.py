@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ._build import KernelBuild
 from ._library import define_op, use_triton
 
 MAX_CHANNELS = 16384  # one row in one block; wider rows are left to torch (the pass checks this)
@@ -127,3 +128,32 @@ layer_norm_modulate_op = define_op("layer_norm_modulate", _layer_norm_modulate, 
 def layer_norm_modulate(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float,
                         scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return torch.ops.kiln.layer_norm_modulate(x, weight, bias, eps, scale, shift)
+
+
+# Hidden sizes it is launched with (PixArt 1152, SD3 1536, Flux 3072) and the widest it takes
+GPU_BUILD_CHANNELS = {"PixArt": 1152, "SD3": 1536, "Flux": 3072, "MAX_CHANNELS": MAX_CHANNELS}
+
+
+def gpu_builds() -> list[KernelBuild]:
+    """One build per BLOCK / warp count the launcher picks for GPU_BUILD_CHANNELS, fp16/bf16/fp32,
+    without affine (AdaLN's LayerNorm has none; fuse_adaln_modulation passes None). scale and shift
+    are (B, C) views with unit channel stride, which Triton compiles as a constant; C and the sample
+    strides are multiples of 16, rows_per_sample (tokens: SD3 has 154 text tokens) need not be."""
+    import triton
+
+    configs = {}
+    for model, channels in GPU_BUILD_CHANNELS.items():
+        block = triton.next_power_of_2(channels)
+        configs.setdefault((block, _num_warps(block)), []).append(f"{model} {channels}")
+    return [KernelBuild(f"layer_norm_modulate {dt} BLOCK={block} warps={warps} ({', '.join(users)})", _kernels(),
+                        {"x_ptr": f"*{dt}", "out_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": f"*{dt}",
+                         "scale_ptr": f"*{dt}", "shift_ptr": f"*{dt}", "C": "i32", "rows_per_sample": "i32",
+                         "eps": "fp32", "scale_stride_b": "i32", "scale_stride_c": "constexpr", "shift_stride_b": "i32",
+                         "shift_stride_c": "constexpr", "HAS_WEIGHT": "constexpr", "HAS_BIAS": "constexpr",
+                         "BLOCK": "constexpr"},
+                        {"scale_stride_c": 1, "shift_stride_c": 1, "HAS_WEIGHT": False, "HAS_BIAS": False,
+                         "BLOCK": block},
+                        num_warps=warps,
+                        aligned=("x_ptr", "out_ptr", "w_ptr", "b_ptr", "scale_ptr", "shift_ptr", "C", "scale_stride_b",
+                                 "shift_stride_b"))
+            for dt in ("fp16", "bf16", "fp32") for (block, warps), users in sorted(configs.items())]

@@ -207,5 +207,11 @@ def gpu_builds() -> list[KernelBuild]:
                    "bias_ptr": f"*{triton_dtype(dt)}", "out_ptr": f"*{triton_dtype(dt)}", "M": "i32", "N": "i32",
                    "K": "i32", "stride_am": "i32", "stride_bn": "i32", "stride_om": "i32", "HAS_BIAS": "constexpr",
                    "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "GROUP_M": "constexpr"},
-        constexprs={"HAS_BIAS": True, **cfg.constexprs()}, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        constexprs={"HAS_BIAS": True, **cfg.constexprs()}, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        aligned=ALIGNED)
         for cfg in INT8_CONFIGS for dt in OUT_DTYPES]
+
+
+# what Triton specialises a real layer's launch on: 16-byte aligned tensors, N, K and row strides divisible by 16
+ALIGNED = ("a_ptr", "b_ptr", "a_scale_ptr", "b_scale_ptr", "bias_ptr", "out_ptr", "N", "K", "stride_am", "stride_bn",
+           "stride_om")

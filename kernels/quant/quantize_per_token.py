@@ -85,7 +85,8 @@ def gpu_builds() -> list[KernelBuild]:
     return [KernelBuild(name=f"quantize_per_token {triton_dtype(dt)} BLOCK_K={BLOCK_K}", fn=fn,
                         signature={"x_ptr": f"*{triton_dtype(dt)}", "q_ptr": "*i8", "scale_ptr": "*fp32", "K": "i32",
                                    "stride_xm": "i32", "stride_qm": "i32", "eps": "fp32", "BLOCK_K": "constexpr"},
-                        constexprs={"BLOCK_K": BLOCK_K}, num_warps=NUM_WARPS, num_stages=1)
+                        constexprs={"BLOCK_K": BLOCK_K}, num_warps=NUM_WARPS, num_stages=1,
+                        aligned=("x_ptr", "q_ptr", "K", "stride_xm", "stride_qm"))
             for dt in DTYPES]
 
 
