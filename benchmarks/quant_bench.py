@@ -7,6 +7,7 @@ model. All variants are timed in the same interleaved rounds (bench.time_interle
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from typing import Callable
@@ -60,9 +61,9 @@ def run_quant_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu",
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                 log(f"  {name}: FAILED {row['error']}")
         times = time_interleaved(calls, args, kwargs, device, rounds, steps)
-    eager_ms = sorted(times["eager"])[len(times["eager"]) // 2]
+    eager_ms = statistics.median(times["eager"])
     for name, samples in times.items():
-        rows[name]["step_ms"] = sorted(samples)[len(samples) // 2]
+        rows[name]["step_ms"] = statistics.median(samples)
         rows[name]["speedup_vs_eager"] = eager_ms / rows[name]["step_ms"]
     plain = rows[f"kiln {mode}"].get("step_ms")
     for row in rows.values():

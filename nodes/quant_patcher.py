@@ -25,8 +25,8 @@ DIFFUSION_PREFIX = "diffusion_model."
 _LOAD_STATE = ("model_loaded_weight_memory", "lowvram_patch_counter", "model_lowvram", "current_weight_patches_uuid",
                "model_offload_buffer_memory")
 # What a ModelPatcher carries from the nodes before it, other than weight patches (baked into the weights).
-_CARRIED = ("object_patches", "weight_wrapper_patches", "wrappers", "callbacks", "attachments", "injections",
-            "force_cast_weights")
+_CARRIED = ("model_options", "object_patches", "weight_wrapper_patches", "wrappers", "callbacks", "attachments",
+            "additional_models", "injections", "force_cast_weights")
 
 
 def quantized_model(model, options, calibrate=None, progress=None):
@@ -61,17 +61,16 @@ def with_diffusion_model(base, diffusion_model, device):
 
 
 def rebased(model, new_base):
-    """A ModelPatcher for `new_base` carrying `model`'s options, object patches, wrappers and callbacks."""
+    """A ModelPatcher for `new_base` carrying `model`'s options, object patches, wrappers and callbacks,
+    copied by ComfyUI's own `clone()` (the clone itself, bound to the old BaseModel, is dropped)."""
     import comfy.model_patcher
 
     patcher = comfy.model_patcher.ModelPatcher(new_base, load_device=model.load_device,
                                                offload_device=model.offload_device)
-    patcher.model_options = copy.deepcopy(model.model_options)
+    copies = model.clone()
     for name in _CARRIED:
-        if hasattr(model, name):
-            value = getattr(model, name)
-            setattr(patcher, name, copy.copy(value) if isinstance(value, (dict, list, set)) else value)
-    patcher.additional_models = {k: [m.clone() for m in v] for k, v in getattr(model, "additional_models", {}).items()}
+        if hasattr(copies, name):
+            setattr(patcher, name, getattr(copies, name))
     return patcher
 
 
@@ -148,14 +147,7 @@ def swap_in_quantized(diffusion_model) -> int:
             continue
         parent_name, _, child = name.rpartition(".")
         parent = diffusion_model.get_submodule(parent_name) if parent_name else diffusion_model
-        setattr(parent, child, stored_to_layer(stored, _shape_only(layer, stored)))
+        setattr(parent, child, stored_to_layer(stored, layer))
         swapped += 1
     return swapped
 
-
-def _shape_only(layer, stored):
-    """`layer` with its weight's shape restored for stored_to_layer's check (it was never filled)."""
-    import torch
-
-    layer.weight = torch.nn.Parameter(torch.empty(stored.weight.shape, device="meta"), requires_grad=False)
-    return layer

@@ -107,8 +107,9 @@ def stored_to_layer(stored: StoredLayer, float_layer: torch.nn.Module) -> torch.
     """The quantized layer for `stored`, shaped and configured like `float_layer` (a Linear or Conv2d)."""
     bias = getattr(float_layer, "bias", None)
     bias = None if bias is None else bias.detach()
-    if isinstance(float_layer, torch.nn.Conv2d):
-        _check_shape(stored, float_layer.weight.shape if float_layer.weight is not None else None, float_layer)
+    if isinstance(float_layer, torch.nn.Conv2d):  # its shape from its settings: a loader may not have filled its weight
+        _check_shape(stored, (float_layer.out_channels, float_layer.in_channels // float_layer.groups,
+                              *float_layer.kernel_size), float_layer)
         return QuantConv2d(stored.scheme, stored.weight, stored.scale, bias, float_layer.stride, float_layer.padding,
                            float_layer.dilation, float_layer.groups, float_layer.padding_mode)
     if isinstance(float_layer, torch.nn.Linear):
@@ -121,10 +122,9 @@ def load(module: torch.nn.Module, path: str) -> torch.nn.Module:
     """Load a Kiln (or ComfyUI fp8) quantized file into `module`, a float model of the same
     architecture (its own weights are replaced; the quantized layers are swapped in)."""
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
-    state_dict = load_file(path)
     with safe_open(path, "pt") as f:
+        state_dict = {key: f.get_tensor(key) for key in f.keys()}
         metadata = f.metadata() or {}
     stored = split_quantized(state_dict)
     result = module.load_state_dict(state_dict, strict=False)
@@ -140,7 +140,7 @@ def load(module: torch.nn.Module, path: str) -> torch.nn.Module:
 
 
 def _check_shape(stored: StoredLayer, shape, layer) -> None:
-    if shape is not None and tuple(stored.weight.shape) != tuple(shape):
+    if tuple(stored.weight.shape) != tuple(shape):
         raise QuantizeError(f"a quantized weight of shape {tuple(stored.weight.shape)} for a "
                             f"{type(layer).__name__} of shape {tuple(shape)}")
 

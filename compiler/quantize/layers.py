@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import kernels  # noqa: F401  registers the kiln:: GEMM ops the layers call
-from .scheme import SCHEMES, Scheme
+from .scheme import SCHEMES, Scheme, _broadcast
 
 log = logging.getLogger("kiln")
 
@@ -75,8 +75,6 @@ class _QuantLayer(torch.nn.Module):
 
     def _warn_if_clipped(self, weight: torch.Tensor) -> None:
         """A patch that takes a weight beyond the range its scale was set for is clipped there: say so."""
-        from .scheme import _broadcast
-
         ratio = (weight.detach().float().abs() / _broadcast(self.weight_scale.to(weight.device), weight.dim()))
         over = ratio > self.scheme.qmax * 1.01
         if over.any():

@@ -20,8 +20,9 @@ Patterns are fnmatch patterns over the layer's full dotted name ("output_blocks.
 """
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -113,7 +114,7 @@ def _matches(name: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-_FIELDS = {"keep", "quantize", "min_params", "convs", "family"}
+_FIELDS = {f.name for f in dataclasses.fields(LayerPolicy)}
 
 
 def parse_policy(text: str) -> LayerPolicy:

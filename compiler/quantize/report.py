@@ -43,7 +43,8 @@ class QuantReport:
             lines.append(f"  kept, {reason}: {len(names)} ({shown})")
         if self.layer_error:
             worst = sorted(self.layer_error.items(), key=lambda item: -item[1])[:3]
-            errors = [e for name, e in self.layer_error.items() if name in set(self.quantized)]
+            quantized = set(self.quantized)
+            errors = [e for name, e in self.layer_error.items() if name in quantized]
             mean = sum(errors) / len(errors) if errors else 0.0
             lines.append(f"  {self.error_kind} error of quantized layers (relative L2): mean {mean:.4f}; worst "
                          + ", ".join(f"{n} {e:.4f}" for n, e in worst))

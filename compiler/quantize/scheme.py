@@ -20,9 +20,9 @@ from typing import Callable, Optional
 
 import torch
 
-INT8_MAX = 127.0
-FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
-_TINY = 1e-12    # an all-zero channel gets this scale (its values quantize to 0)
+# the kernels' own constants: the largest stored magnitudes, and the scale of an all-zero channel
+from ...kernels.quant import EPS as _TINY
+from ...kernels.quant import FP8_MAX, INT8_MAX
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def test_size_threshold(unet):
 def test_fp8_keeps_convolutions_for_comfyui_format(unet):
     reasons = _decide(unet, LayerPolicy(min_params=0, quantize=("*",)), scheme="fp8_e4m3")
     assert reasons["down_blocks.0.resnets.0.conv1"].startswith("convolution (ComfyUI's fp8 format")
-    assert reasons["down_blocks.0.attentions.0.proj_in"] is None or isinstance(unet.down_blocks[0].attentions[0].proj_in, torch.nn.Conv2d)
+    assert reasons["down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"] is None  # Linear layers still go in
 
 
 def test_yaml_override_keep_and_force():
