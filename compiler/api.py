@@ -5,6 +5,7 @@ from typing import Optional
 
 import torch
 
+from .cache import CacheOptions
 from .model import KilnModel, KilnUnavailable, model_for, unavailable_reason
 from .options import CompileOptions
 from .passes import Progress
@@ -14,7 +15,8 @@ from .stats import KilnStats
 
 def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[bool] = None,
             cuda_graphs: bool = False, *, options: Optional[CompileOptions] = None,
-            progress: Optional[Progress] = None) -> KilnModel:
+            progress: Optional[Progress] = None, cache_dir: Optional[str] = None, cache: str = "use",
+            cache_max_gb: float = 20.0) -> KilnModel:
     """Compile a diffusion model (UNet or DiT) with Kiln's TorchDynamo backend.
 
     Returns a KilnModel: a module that behaves like `module` and compiles on its first call.
@@ -30,8 +32,12 @@ def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[b
     Compiling the same module with the same options again returns the same KilnModel (and its
     compiled graphs); `progress` is then the new caller's.
 
+    `cache_dir` turns on Kiln's cache there ("" for the default, ~/.cache/kiln): each graph Inductor
+    lowers is stored, signed, and a later process loads it instead of compiling (`cache`: "use",
+    "refresh" to compile and replace, "off"). `kiln.stats(...).cache` says hit or miss, and why.
+
     Example:
-        >>> unet = kiln.compile(unet, mode="balanced")
+        >>> unet = kiln.compile(unet, mode="balanced", cache_dir="")
         >>> with torch.no_grad():
         ...     noise_pred = unet(latents, t, encoder_hidden_states=context)
         >>> print(kiln.stats(unet).summary())
@@ -40,7 +46,8 @@ def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[b
     if problem:
         raise KilnUnavailable(problem)
     options = options or CompileOptions(mode=mode, dynamic=dynamic, cuda_graphs=cuda_graphs)
-    return model_for(module, KilnPlan(compile=options), progress=progress)
+    cache_options = CacheOptions(dir=cache_dir, mode=cache, max_gb=cache_max_gb) if cache_dir is not None else None
+    return model_for(module, KilnPlan(compile=options, cache=cache_options), progress=progress)
 
 
 def stats(compiled: torch.nn.Module) -> KilnStats:

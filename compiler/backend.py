@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from . import compat
+from .cache import GraphCache, entry_fields, graph_hash
 from .cuda_graph_budget import CudaGraphBudget
 from .options import CompileOptions
 from .passes import PASSES, PassContext, Progress, passes_uuid, run_passes
@@ -57,8 +58,11 @@ class KilnBackend:
     the caller can tell a cancelled compile from a failed one (TorchDynamo wraps both alike).
     """
 
-    def __init__(self, options: CompileOptions, stats: KilnStats, code=None, progress: Optional[Progress] = None):
+    def __init__(self, options: CompileOptions, stats: KilnStats, code=None, progress: Optional[Progress] = None,
+                 cache: Optional[GraphCache] = None, label: str = "model"):
         self.options = options
+        self.cache = cache        # Kiln's cache (None: not asked for); lowerings through Inductor go through it
+        self.label = label        # the model's class name, shown in cache listings
         self.stats = stats
         self.code = code
         self.progress = progress
@@ -130,6 +134,8 @@ class KilnBackend:
         from ..kernels import triton_available
 
         lowering = self.options.lowering
+        index = len(self.stats.compiles)
+        graph = graph_hash(gm, is_weight) if self._caching() else ""  # the captured structure, before the passes
         ctx = PassContext(device_type=device, triton=triton_available() and device == "cuda",
                           grad_enabled=torch.is_grad_enabled(), inductor=lowering.uses_inductor, mode=self.options.mode)
         total = len(PASSES) + 1
@@ -140,10 +146,21 @@ class KilnBackend:
         specialisable = dynamic and lowering.can_specialise and self.options.shapes.specialize != "none"
         captured = compat.copy_graph_module(gm) if specialisable else gm
         cache_tag = f"kiln-{passes_uuid()}"
-        lowered, lowering_name = lowering.lower(gm, example_inputs, self.options, device, cache_tag)
+
+        def lower(graph_module, args, label):
+            if not self._caching():
+                return lowering.lower(graph_module, args, self.options, device, cache_tag)
+            fields = entry_fields(graph, args, self.options.as_dict(), self.options.shapes.as_dict(), device,
+                                  f"{self.label} {label}")
+            compiled, name, event = self.cache.lower(
+                lambda: lowering.lower(graph_module, args, self.options, device, cache_tag), fields)
+            self.stats.cache.append(event)
+            return compiled, name + (" (from Kiln's cache)" if event.outcome == "hit" else "")
+
+        lowered, lowering_name = lower(gm, example_inputs, f"graph {index}")
         self.report(f"lowered by {lowering_name}", total, total)
         record = GraphCompile(
-            index=len(self.stats.compiles), reason=reason, lowering=lowering_name,
+            index=index, reason=reason, lowering=lowering_name,
             input_shapes=_user_input_shapes(gm), nodes=len(gm.graph.nodes),
             rewrites={r.name: r.rewrites for r in results}, skipped={r.name: r.skipped for r in results if r.skipped},
             seconds=time.perf_counter() - start, dynamic=dynamic, capture_seconds=capture,
@@ -157,12 +174,18 @@ class KilnBackend:
         # a dynamic graph serves many shape signatures: the shape manager records and routes them
         # (a static one only its own; it goes through the shape manager to count its CUDA graph)
 
-        def lower_static(graph, args):
-            return lowering.lower(graph, args, self.options, device, cache_tag)[0]
+        def lower_static(graph_module, args):
+            placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+            shapes = ", ".join("x".join(map(str, a.shape)) for n, a in zip(placeholders, args)
+                               if isinstance(a, torch.Tensor) and not is_weight(n))
+            return lower(graph_module, args, f"graph {index} static {shapes}")[0]
 
         return ShapeDispatcher(captured, lowered, lower_static if specialisable else None, self.options.shapes,
                                self.stats, record.index, record.capture_seconds + record.seconds, self.report,
                                compile_pinned=dynamic and self.calls == 0, cuda_graphs=budget)
+
+    def _caching(self) -> bool:
+        return self.cache is not None and self.options.lowering.uses_inductor
 
     def _budget(self, device: str) -> Optional[CudaGraphBudget]:
         if not (self.options.cuda_graphs and device == "cuda"):

@@ -171,3 +171,34 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     value, output = graph.graph_copy(gm.graph, {}, return_output_node=True)
     graph.output(value).meta = dict(output.meta)
     return torch.fx.GraphModule(gm, graph)
+
+
+def inductor_cache_dir(path: str):
+    """Inductor (FX graph, AOTAutograd and kernel caches) reads and writes under `path` inside the
+    `with` block only; its in-memory caches are cleared on entry and exit, so every kernel a
+    lowering needs is written there (checked: torch 2.6 - 2.13)."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    return temporary_cache_dir(path)
+
+
+def inductor_persistent_caches():
+    """Scoped: Inductor's FX graph cache and AOTAutograd's cache on, whatever the process set."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch({"fx_graph_cache": True}))
+    stack.enter_context(functorch_config.patch({"enable_autograd_cache": True}))
+    return stack
+
+
+def inductor_cache_counts() -> dict[str, int]:
+    """Inductor's and AOTAutograd's cache counters: {"fxgraph_cache_hit": n, "fxgraph_cache_miss": n, ...}."""
+    from torch._dynamo.utils import counters
+
+    names = ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")
+    out = {name: int(counters["inductor"][name]) for name in names}
+    out.update({name: int(counters["aot_autograd"][name])
+                for name in ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass")})
+    return out

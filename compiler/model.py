@@ -29,6 +29,7 @@ import torch
 
 from . import compat
 from .backend import KilnBackend
+from .cache import GraphCache
 from .passes import Progress
 from .plan import KilnPlan
 from .shapes import mark_batch_and_resolution_dynamic, mark_schedule_dynamic
@@ -164,7 +165,12 @@ class KilnModel(torch.nn.Module):
             self.stats.warnings.append(note)
         entry = _entry_function(f"kiln_{type(module).__name__}")
         self._compiled_code = entry.__code__
-        self._backend = KilnBackend(options, self.stats, code=entry.__code__)
+        cache = GraphCache(self.plan.cache) if self.plan.cache is not None else None
+        if cache is not None and not options.lowering.uses_inductor:
+            note = f"Kiln's cache stores Inductor's work; mode {options.mode!r} has none (nothing is cached)"
+            log.info("Kiln: %s", note)
+            self.stats.warnings.append(note)
+        self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=type(module).__name__)
         self._compiled = torch.compile(entry, backend=self._backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
         return self._compiled
 

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .cache import CacheOptions
 from .options import CompileOptions
 from .quantize import QuantizeOptions
 
@@ -21,29 +22,34 @@ from .quantize import QuantizeOptions
 # carried out when it is declared (the Quantize node, `kiln.quantize`): the module a KilnModel
 # wraps is already quantized, and the part records how, for the plan's key, log and report.
 STEPS = ("quantize", "compile")
+# A plan's parts: its steps, and "cache", which is not a step of its own: the compile step consults
+# it (compiler/cache) for each graph it lowers, loading a stored lowering instead of compiling.
+PARTS = STEPS + ("cache",)
 
 
 @dataclass(frozen=True)
 class KilnPlan:
     """quantize: how the model's weights were quantized (None: not quantized);
-    compile: how the model is compiled (None: not compiled)."""
+    compile: how the model is compiled (None: not compiled);
+    cache: where and how compiled graphs are stored and loaded (None: not cached)."""
 
     quantize: Optional[QuantizeOptions] = None
     compile: Optional[CompileOptions] = None
+    cache: Optional[CacheOptions] = None
 
     def with_parts(self, **parts) -> "KilnPlan":
         """This plan with the given parts set (a part declared again replaces the earlier one)."""
-        unknown = sorted(set(parts) - set(STEPS))
+        unknown = sorted(set(parts) - set(PARTS))
         if unknown:
-            raise ValueError(f"a Kiln plan has no part {', '.join(map(repr, unknown))}; its parts are {', '.join(STEPS)}")
+            raise ValueError(f"a Kiln plan has no part {', '.join(map(repr, unknown))}; its parts are {', '.join(PARTS)}")
         return dataclasses.replace(self, **parts)
 
     @property
     def is_empty(self) -> bool:
-        return all(getattr(self, step) is None for step in STEPS)
+        return all(getattr(self, part) is None for part in PARTS)
 
     def as_dict(self) -> dict:
-        return {step: (part.as_dict() if (part := getattr(self, step)) is not None else None) for step in STEPS}
+        return {name: (part.as_dict() if (part := getattr(self, name)) is not None else None) for name in PARTS}
 
     @functools.cached_property
     def key(self) -> str:
@@ -65,7 +71,10 @@ class KilnPlan:
             c = self.compile
             dynamic = {None: "auto", True: "true", False: "false"}[c.dynamic]
             parts.append(f"compile ({c.mode}, dynamic={dynamic}, cuda_graphs={str(c.cuda_graphs).lower()})")
-        return ", then ".join(parts) or "nothing"
+        text = ", then ".join(parts) or "nothing"
+        if self.cache is not None and self.cache.mode != "off":
+            text += f", with Kiln's cache ({self.cache.mode}, {self.cache.root})"
+        return text
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

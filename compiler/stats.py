@@ -56,6 +56,11 @@ class KilnStats:
     warnings: list[str] = field(default_factory=list)
     variants: list[VariantRecord] = field(default_factory=list)
     evictions: int = 0              # specialised variants dropped by the LRU bound
+    cache: list = field(default_factory=list)  # CacheEvents (compiler/cache): hit or miss per lowering, and why
+
+    @property
+    def cache_hits(self) -> int:
+        return sum(event.outcome == "hit" for event in self.cache)
 
     @property
     def compile_count(self) -> int:
@@ -90,6 +95,7 @@ class KilnStats:
             lines.append(f"  shape signatures: {counts}" + (f", {self.evictions} evicted" if self.evictions else "")
                          + (f", {graphs} CUDA graph(s) recorded" if any(v.cuda_graph for v in self.variants) else ""))
             lines += ["    " + v.line() + f", {v.calls} call(s)" for v in self.variants]
+        lines += ["  " + event.line() for event in self.cache]
         skipped = {name: reasons for c in self.compiles for name, reasons in c.skipped.items() if reasons}
         for name, reasons in skipped.items():
             lines.append(f"  {name} skipped {len(reasons)}x: {sorted(set(reasons))[0]}")
@@ -99,4 +105,5 @@ class KilnStats:
         return {"options": self.options, "fallback": self.fallback, "eager_calls": self.eager_calls,
                 "warnings": self.warnings, "compiles": [asdict(c) for c in self.compiles],
                 "pass_counts": self.pass_counts, "recompiles": len(self.recompiles),
-                "variants": [asdict(v) for v in self.variants], "evictions": self.evictions}
+                "variants": [asdict(v) for v in self.variants], "evictions": self.evictions,
+                "cache": [asdict(event) for event in self.cache]}

@@ -1,0 +1,164 @@
+"""One model's use of Kiln's cache: look a lowering up, load it, or lower it and store what it made.
+
+A lowering through Inductor writes everything it produced (AOTAutograd and FX graph cache entries,
+generated modules, compiled C++ or Triton kernels) into a fresh private directory; Kiln signs
+those files as one entry. On a hit the verified files are written into another fresh directory
+and the same lowering runs there: AOTAutograd and Inductor find their own entries (their keys
+still decide, so a hit Kiln got wrong would compile, never run stale code) and load instead of
+compiling. TorchDynamo's capture and Kiln's passes run in every process (they are what proves
+the guards); Inductor's work is what the cache saves.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from .. import compat
+from . import key as cache_key
+from .options import CacheOptions
+from .store import CacheEntryError, CacheStore, Entry, read_files, write_files
+from .trust import CacheTrustError
+
+log = logging.getLogger("kiln")
+
+
+@dataclass
+class CacheEvent:
+    """What the cache did for one lowering."""
+
+    label: str              # "graph 0", "graph 0 static batch 2, 64x64 latent"
+    outcome: str            # "hit" | "miss" | "refresh" | "off" | "unavailable"
+    reason: str = ""        # why it missed, what was refused, why the cache is unavailable
+    key: str = ""
+    entry_bytes: int = 0
+    seconds_saved: float = 0.0
+
+    def line(self) -> str:
+        text = f"cache {self.outcome} for {self.label}"
+        if self.outcome == "hit":
+            text += f": {self.entry_bytes / 2**20:.1f} MiB entry, {self.seconds_saved:.1f}s of compiling saved"
+        elif self.entry_bytes:
+            text += f", stored a {self.entry_bytes / 2**20:.1f} MiB entry"
+        return text + (f" ({self.reason})" if self.reason else "")
+
+
+class GraphCache:
+    """Kiln's cache as one KilnModel uses it. The store is opened on first use; a directory that
+    cannot be trusted or written makes the model compile without the cache, said once."""
+
+    def __init__(self, options: CacheOptions):
+        self.options = options
+        self._store: Optional[CacheStore] = None
+        self.unavailable = "" if options.mode != "off" else "cache off"
+        self._warned = False
+
+    def store(self) -> Optional[CacheStore]:
+        if self.unavailable:
+            return None
+        if self._store is None:
+            try:
+                self._store = CacheStore(self.options.root, self.options.max_bytes)
+            except CacheTrustError as exc:
+                self._disable(f"{exc}; compiling without the cache")
+            except OSError as exc:
+                self._disable(f"cannot use the cache directory {self.options.root} ({exc.strerror or exc}); "
+                              "compiling without the cache")
+        return self._store
+
+    def _disable(self, reason: str) -> None:
+        self.unavailable = reason
+        if not self._warned:
+            self._warned = True
+            log.warning("Kiln: %s", reason)
+
+    def lower(self, lower: Callable[[], tuple], fields: dict) -> tuple[Callable, str, CacheEvent]:
+        """Run `lower()` (a Lowering.lower call returning (callable, name)) under the cache.
+        `fields`: the entry's key fields (cache/key.py entry_fields)."""
+        key = cache_key.entry_key(fields)
+        label = fields.get("label", "graph")
+        store = self.store()
+        if store is None:
+            compiled, name = lower()
+            return compiled, name, CacheEvent(label, "off" if self.options.mode == "off" else "unavailable",
+                                              "" if self.options.mode == "off" else self.unavailable, key)
+        entry, reason = None, ""
+        if self.options.mode == "use":
+            entry, reason = self._lookup(store, key, fields)
+        else:
+            reason = "refresh: stored entries ignored"
+        if entry is not None:
+            loaded = self._lower_from(store, entry, lower, label)
+            if loaded is not None:
+                return loaded
+            reason = "the entry loaded but Inductor compiled anyway (its own key differed); entry replaced"
+        return self._lower_and_store(store, key, fields, lower, "miss" if self.options.mode == "use" else "refresh", reason)
+
+    def _lookup(self, store: CacheStore, key: str, fields: dict) -> tuple[Optional[Entry], str]:
+        try:
+            entry = store.read(key)
+        except CacheEntryError as exc:
+            log.warning("Kiln: refused %s; compiling it again", exc)
+            store.remove(key)
+            return None, f"refused: {exc}"
+        except OSError as exc:
+            return None, f"cannot read the entry ({exc.strerror or exc})"
+        if entry is None:
+            return None, cache_key.explain_miss(fields, [e.fields for _, e, _ in store.headers() if e is not None])
+        return entry, ""
+
+    def _lower_from(self, store: CacheStore, entry: Entry, lower, label: str):
+        work = store.work_dir()
+        write_files(work, entry.files)
+        before = compat.inductor_cache_counts()
+        start = time.perf_counter()
+        with compat.inductor_persistent_caches(), compat.inductor_cache_dir(work):
+            compiled, name = lower()
+        seconds = time.perf_counter() - start
+        after = compat.inductor_cache_counts()
+        if after["fxgraph_cache_miss"] > before["fxgraph_cache_miss"] or after["fxgraph_cache_hit"] == before["fxgraph_cache_hit"]:
+            log.warning("Kiln: cache entry %s for %s loaded, but Inductor did not find its graph in it and compiled; "
+                        "storing a fresh entry", entry.key, label)
+            # what was just compiled is a fresh lowering: store it, and serve it
+            event = self._store_files(store, entry.key, entry.fields, work, seconds, "miss",
+                                      "the entry loaded but Inductor compiled anyway (its own key differed); entry replaced")
+            return compiled, name, event
+        saved = max(0.0, entry.compile_seconds - seconds)
+        event = CacheEvent(label, "hit", key=entry.key, entry_bytes=entry.size, seconds_saved=saved)
+        log.info("Kiln: %s", event.line())
+        return compiled, name, event
+
+    def _lower_and_store(self, store: CacheStore, key: str, fields: dict, lower, outcome: str, reason: str):
+        try:
+            work = store.work_dir()
+        except OSError as exc:
+            self._disable(f"cannot write in the cache directory {self.options.root} ({exc.strerror or exc}); "
+                          "compiling without the cache")
+            compiled, name = lower()
+            return compiled, name, CacheEvent(fields.get("label", "graph"), "unavailable", self.unavailable, key)
+        start = time.perf_counter()
+        with compat.inductor_persistent_caches(), compat.inductor_cache_dir(work):
+            compiled, name = lower()
+        seconds = time.perf_counter() - start
+        return compiled, name, self._store_files(store, key, fields, work, seconds, outcome, reason)
+
+    def _store_files(self, store: CacheStore, key: str, fields: dict, work: str, seconds: float, outcome: str,
+                     reason: str) -> CacheEvent:
+        label = fields.get("label", "graph")
+        files = read_files(work)
+        if not any(name.startswith("fxgraph/") for name in files):
+            event = CacheEvent(label, outcome, f"{reason}; nothing stored: Inductor did not cache this graph "
+                                               "(see TORCH_LOGS=+inductor for its bypass reason)".lstrip("; "), key)
+            log.warning("Kiln: %s", event.line())
+            return event
+        entry = Entry(key=key, fields=fields, files=files, compile_seconds=seconds)
+        try:
+            size = store.write(entry)
+        except OSError as exc:
+            self._disable(f"cannot write to the cache directory {self.options.root} ({exc.strerror or exc}); "
+                          "compiling without the cache")
+            return CacheEvent(label, outcome, f"{reason}; not stored: {exc.strerror or exc}".lstrip("; "), key)
+        event = CacheEvent(label, outcome, reason, key, entry_bytes=size)
+        log.info("Kiln: %s", event.line())
+        return event
