@@ -1,4 +1,4 @@
-"""The `kiln` command (also `python -m kiln`)."""
+"""The `kiln` command (also `python -m kiln`). A thin client: it never imports ComfyUI."""
 from __future__ import annotations
 
 import argparse
@@ -10,11 +10,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kiln", description="Kiln: compile diffusion models faster.")
     commands = parser.add_subparsers(dest="command", required=True)
     from .benchmarks import bench
+    from .compiler.cache import commands as cache_commands
+    from .compiler.cache import warm
 
     bench.add_arguments(commands.add_parser("bench", help="eager vs torch.compile vs Kiln on an embedded default model"))
+    cache_commands.add_arguments(commands.add_parser("cache", help="Kiln's compile cache: list, info, clear, export, import"))
+    warm.add_arguments(commands.add_parser("warm", help="compile a workflow's shapes ahead of time through a running "
+                                           "ComfyUI, into Kiln's cache"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    return bench.main(args)
+    run = {"bench": bench.main, "cache": cache_commands.main, "warm": warm.main}[args.command]
+    return run(args)
 
 
 if __name__ == "__main__":

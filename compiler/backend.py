@@ -150,7 +150,8 @@ class KilnBackend:
         def lower(graph_module, args, label):
             if not self._caching():
                 return lowering.lower(graph_module, args, self.options, device, cache_tag)
-            fields = entry_fields(graph, args, self.options.as_dict(), self.options.shapes.as_dict(), device,
+            options = {name: value for name, value in self.options.as_dict().items() if name != "shapes"}
+            fields = entry_fields(graph, args, options, self.options.shapes.as_dict(), device,
                                   f"{self.label} {label}")
             compiled, name, event = self.cache.lower(
                 lambda: lowering.lower(graph_module, args, self.options, device, cache_tag), fields)

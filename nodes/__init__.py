@@ -12,9 +12,10 @@ except Exception as _exc:  # noqa: BLE001  a broken compiler must not break Comf
     COMPILER_LOAD_ERROR = f"Kiln's compiler could not load ({type(_exc).__name__}: {_exc})"
     logging.getLogger("kiln").error("%s; Kiln nodes will pass models through eagerly", COMPILER_LOAD_ERROR)
 
-from . import compile_unet, quantize_model  # noqa: E402
+from . import cache_graph, compile_unet, quantize_model  # noqa: E402
 
-NODE_CLASS_MAPPINGS = {**compile_unet.NODE_CLASS_MAPPINGS, **quantize_model.NODE_CLASS_MAPPINGS}
-NODE_DISPLAY_NAME_MAPPINGS = {**compile_unet.NODE_DISPLAY_NAME_MAPPINGS, **quantize_model.NODE_DISPLAY_NAME_MAPPINGS}
+_NODES = (compile_unet, quantize_model, cache_graph)
+NODE_CLASS_MAPPINGS = {name: cls for module in _NODES for name, cls in module.NODE_CLASS_MAPPINGS.items()}
+NODE_DISPLAY_NAME_MAPPINGS = {name: text for module in _NODES for name, text in module.NODE_DISPLAY_NAME_MAPPINGS.items()}
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "COMPILER_LOAD_ERROR"]

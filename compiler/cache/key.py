@@ -111,8 +111,8 @@ def entry_fields(graph: str, example_inputs: Iterable, options: dict, shape_poli
         "graph": graph,
         "inputs": hashlib.sha256(inputs.encode()).hexdigest()[:16],
         "dtypes": ", ".join(map(str, dtypes)),
-        "options": json.dumps(options, sort_keys=True, default=str),
-        "shape_policy": json.dumps(shape_policy, sort_keys=True, default=str),
+        "options": json.loads(json.dumps(options, default=str)),        # plain JSON data, as stored
+        "shape_policy": json.loads(json.dumps(shape_policy, default=str)),
         "grad": torch.is_grad_enabled(),
         **environment_fields(device),
         "label": label,
@@ -128,10 +128,22 @@ def entry_key(fields: dict[str, Any]) -> str:
 
 
 def differences(wanted: dict[str, Any], stored: dict[str, Any]) -> list[str]:
-    """'torch: 2.12.0 -> 2.13.0' for each keyed field that differs (stored -> wanted)."""
-    names = sorted((set(wanted) | set(stored)) - set(_NOT_KEYED))
-    return [f"{name}: {_short(stored.get(name))} -> {_short(wanted.get(name))}" for name in names
-            if wanted.get(name) != stored.get(name)]
+    """'torch: 2.12.0 -> 2.13.0' for each keyed field that differs (stored -> wanted); nested
+    fields by their dotted name ('options.passes.fuse_geglu: unset -> "off"')."""
+    wanted, stored = _flatten(wanted), _flatten(stored)
+    names = sorted(name for name in set(wanted) | set(stored) if name.split(".")[0] not in _NOT_KEYED)
+    return [f"{name}: {_short(stored.get(name, 'unset'))} -> {_short(wanted.get(name, 'unset'))}" for name in names
+            if wanted.get(name, "unset") != stored.get(name, "unset")]
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """{"options.passes.fuse_geglu": "off", ...}; an empty mapping adds nothing."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for name, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{name}" if prefix else str(name)))
+        return out
+    return {prefix: value}
 
 
 def explain_miss(wanted: dict[str, Any], stored: Iterable[dict[str, Any]]) -> str:

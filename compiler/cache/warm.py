@@ -1,0 +1,41 @@
+"""`kiln warm`: compile ahead of time, through a running ComfyUI, every shape a workflow will need,
+so the first prompt after a restart loads Kiln's cache at full speed."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workflow", help="an API-format workflow (ComfyUI: Save (API)) with Kiln's Cache Graph and "
+                        "Compile UNet nodes")
+    parser.add_argument("--shapes", required=True, help="image sizes to warm, WIDTHxHEIGHT[:BATCH], comma-separated, "
+                        "e.g. 1024x1024,832x1216:2")
+    parser.add_argument("--server", default="http://127.0.0.1:8188")
+    parser.add_argument("--steps", type=int, default=1, help="sampling steps per warm-up prompt (default 1)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for each prompt")
+
+
+def main(args: argparse.Namespace) -> int:
+    from ...comfy_client import ComfyClient, ComfyError, parse_shapes, with_shape
+
+    try:
+        with open(args.workflow) as f:
+            workflow = json.load(f)
+        shapes = parse_shapes(args.shapes)
+        prompts = [(shape, with_shape(workflow, *shape, steps=args.steps)) for shape in shapes]
+    except (OSError, ValueError) as exc:
+        print(f"kiln warm: {exc}")
+        return 2
+    client = ComfyClient(args.server, timeout=args.timeout)
+    try:
+        for (width, height, batch), prompt in prompts:
+            start = time.perf_counter()
+            client.wait(client.submit(prompt))
+            print(f"warmed {width}x{height} batch {batch} in {time.perf_counter() - start:.1f}s")
+    except ComfyError as exc:
+        print(f"kiln warm: {exc}")
+        return 1
+    print(f"{len(prompts)} shapes warmed: their compiled graphs are in Kiln's cache (see the server log for hits and misses)")
+    return 0

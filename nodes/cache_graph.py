@@ -1,0 +1,78 @@
+"""Kiln › Cache Graph: MODEL in, MODEL out with Kiln's cache in its plan, so a restarted ComfyUI loads
+its compiled graphs instead of compiling them again."""
+from __future__ import annotations
+
+import logging
+import os
+
+from . import plan_wrapper
+
+log = logging.getLogger("kiln")
+
+MODES = ("use", "refresh", "off")
+
+
+def default_dir() -> str:
+    """kiln-cache in ComfyUI's user directory (beside its settings, outside every node pack)."""
+    import folder_paths
+
+    return os.path.join(folder_paths.get_user_directory(), "kiln-cache")
+
+
+class KilnCacheGraph:
+    DESCRIPTION = ("Stores what Kiln's compile produced on disk, signed, and loads it after a restart instead of "
+                   "compiling again (hit or miss per graph, and why, in the log). Chain it with Compile UNet, in "
+                   "either order. A LoRA or another fine-tune of the same architecture reuses the entry.")
+    CATEGORY = "Kiln"
+    FUNCTION = "cache"
+    RETURN_TYPES = ("MODEL", "STRING")
+    RETURN_NAMES = ("model", "report")
+    OUTPUT_TOOLTIPS = ("the model, with Kiln's cache in its plan", "the cache directory, its entries for this model")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": ("MODEL",),
+                "cache": (list(MODES), {"default": "use", "tooltip":
+                          "use: load a matching entry, else compile and store; refresh: compile and replace the "
+                          "entry; off: neither read nor write"}),
+            },
+            "optional": {
+                "cache_dir": ("STRING", {"default": "", "tooltip":
+                              "empty: kiln-cache in ComfyUI's user directory. Kiln creates it private (0700) and "
+                              "refuses one that other users can write"}),
+                "max_gb": ("FLOAT", {"default": 20.0, "min": 0.1, "max": 4096.0, "step": 0.5, "tooltip":
+                           "size cap; the least recently used entries are evicted past it"}),
+            },
+        }
+
+    def cache(self, model, cache="use", cache_dir="", max_gb=20.0):
+        from . import COMPILER_LOAD_ERROR, compiler
+
+        if compiler is None:
+            report = f"Kiln: nothing cached: {COMPILER_LOAD_ERROR}"
+            log.warning(report)
+            return (model, report)
+        # a bad setting raises CacheOptionsError naming it: ComfyUI shows it on the node
+        options = compiler.CacheOptions(dir=cache_dir.strip() or default_dir(), mode=cache, max_gb=float(max_gb))
+        unavailable = plan_wrapper.missing_extension_points()
+        if unavailable:
+            return (model, f"Kiln: nothing cached: {unavailable}")
+        patched, plan, note = plan_wrapper.declare(model, cache=options)
+        name = type(model.get_model_object("diffusion_model")).__name__
+        report = compiler.describe_cache(options, name)
+        if plan.compile is None:
+            report += " Nothing is compiled yet: add Kiln › Compile UNet (before or after this node) to use the cache."
+        elif plan.compile.lowering.uses_inductor:
+            report += " Hit or miss is decided per graph on the first sampling step; the log says which, and why."
+        else:
+            report += f" Compile mode {plan.compile.mode!r} does not use Inductor: nothing to cache."
+        if note:
+            report += f" {note}"
+        log.info(report)
+        return (patched, report)
+
+
+NODE_CLASS_MAPPINGS = {"KilnCacheGraph": KilnCacheGraph}
+NODE_DISPLAY_NAME_MAPPINGS = {"KilnCacheGraph": "Kiln › Cache Graph"}

@@ -1,0 +1,64 @@
+"""Kiln's cache end to end, each run a fresh process as after a restart: a cold compile stores an entry;
+the next process loads it with no Inductor compile and the same output; another weight set of the
+same architecture hits and gives its own output; a changed Kiln option misses and says so."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+CHILD = os.path.join(os.path.dirname(__file__), "cache_child.py")
+
+
+def run(cache_dir, seed, out, switch="auto", inductor_dir=None) -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))  # a fresh Inductor cache: only Kiln's can help
+    done = subprocess.run([sys.executable, CHILD, str(cache_dir), str(seed), str(out), switch], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kiln-cache")
+    result = run(root / "cache", 0, root / "cold.pt", inductor_dir=root / "inductor-cold")
+    return root, result
+
+
+def test_a_cold_compile_stores_a_signed_entry(cold):
+    root, result = cold
+    (event,) = result["events"]
+    assert event["outcome"] == "miss" and event["entry_bytes"] > 0 and result["fallback"] is None
+    assert result["counts"]["fxgraph_cache_miss"] == 1
+    entries = os.listdir(root / "cache" / "entries")
+    assert len(entries) == 1 and entries[0] == event["key"] + ".kiln"
+
+
+def test_a_fresh_process_loads_it_with_no_inductor_compile_and_the_same_output(cold):
+    root, _ = cold
+    result = run(root / "cache", 0, root / "warm.pt", inductor_dir=root / "inductor-warm")
+    (event,) = result["events"]
+    assert event["outcome"] == "hit" and event["seconds_saved"] > 0
+    assert result["counts"]["fxgraph_cache_miss"] == 0 and result["counts"]["fxgraph_cache_hit"] == 1
+    assert result["counts"]["autograd_cache_hit"] == 1 and result["counts"]["autograd_cache_miss"] == 0
+    assert torch.equal(torch.load(root / "warm.pt"), torch.load(root / "cold.pt"))
+
+
+def test_another_weight_set_of_the_architecture_hits_with_its_own_output(cold):
+    root, _ = cold
+    result = run(root / "cache", 7, root / "other.pt", inductor_dir=root / "inductor-other")
+    assert result["events"][0]["outcome"] == "hit" and result["counts"]["fxgraph_cache_miss"] == 0
+    assert result["max_diff_vs_eager"] < 1e-5
+    assert not torch.allclose(torch.load(root / "other.pt"), torch.load(root / "cold.pt"))
+
+
+def test_a_changed_kiln_option_misses_and_names_it(cold):
+    root, _ = cold
+    result = run(root / "cache", 0, root / "option.pt", switch="off", inductor_dir=root / "inductor-option")
+    (event,) = result["events"]
+    assert event["outcome"] == "miss" and "options.passes.channels_last_convs: auto -> off" in event["reason"]
+    assert len(os.listdir(root / "cache" / "entries")) == 2

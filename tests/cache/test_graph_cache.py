@@ -1,0 +1,145 @@
+"""GraphCache around a lowering, with a stand-in lowering that writes Inductor-like files (no compile):
+hit, miss, refresh, refused entries, and a cache that cannot be used or written."""
+import errno
+import logging
+import os
+
+import pytest
+
+from kiln.compiler.cache import CacheOptions, CacheStore, GraphCache, entry_key
+from kiln.compiler.cache import store as store_module
+
+
+class FakeLowering:
+    """Writes an 'fxgraph' file into Inductor's current cache directory, like a cold lowering; counts
+    an Inductor cache hit when it finds one there, like a warm one."""
+
+    def __init__(self):
+        self.compiles = 0
+
+    def __call__(self):
+        from torch._dynamo.utils import counters
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        if os.sep + "work" + os.sep not in cache_dir():  # not under Kiln's cache: leave Inductor's own dir alone
+            self.compiles += 1
+            return (lambda x: x), "inductor"
+        path = os.path.join(cache_dir(), "fxgraph", "entry")
+        if os.path.exists(path):
+            counters["inductor"]["fxgraph_cache_hit"] += 1
+        else:
+            self.compiles += 1
+            counters["inductor"]["fxgraph_cache_miss"] += 1
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").write("compiled")
+        return (lambda x: x), "inductor"
+
+
+FIELDS = {"graph": "g1", "inputs": "i1", "options": "{}", "torch": "2.13", "label": "Tiny graph 0"}
+
+
+def test_miss_stores_then_a_new_model_hits(tmp_path):
+    options = CacheOptions(dir=str(tmp_path))
+    lowering = FakeLowering()
+    _, _, first = GraphCache(options).lower(lowering, dict(FIELDS))
+    assert first.outcome == "miss" and "no entry for this graph yet" in first.reason and first.entry_bytes > 0
+    _, name, second = GraphCache(options).lower(lowering, dict(FIELDS))
+    assert second.outcome == "hit" and lowering.compiles == 1 and name == "inductor"
+    assert "saved" in second.line()
+
+
+def test_a_changed_field_misses_naming_it(tmp_path):
+    options = CacheOptions(dir=str(tmp_path))
+    GraphCache(options).lower(FakeLowering(), dict(FIELDS))
+    _, _, event = GraphCache(options).lower(FakeLowering(), dict(FIELDS, torch="2.14"))
+    assert event.outcome == "miss" and "torch: 2.13 -> 2.14" in event.reason
+
+
+def test_refresh_compiles_and_replaces(tmp_path):
+    GraphCache(CacheOptions(dir=str(tmp_path))).lower(FakeLowering(), dict(FIELDS))
+    lowering = FakeLowering()
+    _, _, event = GraphCache(CacheOptions(dir=str(tmp_path), mode="refresh")).lower(lowering, dict(FIELDS))
+    assert event.outcome == "refresh" and lowering.compiles == 1
+
+
+def test_off_neither_reads_nor_writes(tmp_path):
+    _, _, event = GraphCache(CacheOptions(dir=str(tmp_path / "c"), mode="off")).lower(FakeLowering(), dict(FIELDS))
+    assert event.outcome == "off" and not (tmp_path / "c").exists()
+
+
+def test_a_corrupt_entry_is_refused_reported_and_recompiled(tmp_path, caplog):
+    options = CacheOptions(dir=str(tmp_path))
+    GraphCache(options).lower(FakeLowering(), dict(FIELDS))
+    path = os.path.join(str(tmp_path), "entries", entry_key(FIELDS) + ".kiln")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-40] + b"x" * 40)
+    lowering = FakeLowering()
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        _, _, event = GraphCache(options).lower(lowering, dict(FIELDS))
+    assert event.outcome == "miss" and "refused" in event.reason and "signature" in event.reason
+    assert lowering.compiles == 1 and "refused" in caplog.text
+    _, _, again = GraphCache(options).lower(FakeLowering(), dict(FIELDS))
+    assert again.outcome == "hit"  # the fresh compile replaced it
+
+
+def test_an_entry_inductor_does_not_find_is_replaced(tmp_path):
+    options = CacheOptions(dir=str(tmp_path))
+    store = CacheStore(str(tmp_path), options.max_bytes)
+    store.write(store_module.Entry(key=entry_key(FIELDS), fields=dict(FIELDS), files={"fxgraph/other": b"x"}))
+    lowering = FakeLowering()
+    _, _, event = GraphCache(options).lower(lowering, dict(FIELDS))
+    assert event.outcome == "miss" and "Inductor compiled anyway" in event.reason and lowering.compiles == 1
+
+
+def test_a_directory_that_cannot_be_made_degrades_with_one_warning(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cache = GraphCache(CacheOptions(dir=str(blocker / "cache")))
+    lowering = FakeLowering()
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for _ in range(3):
+            compiled, _, event = cache.lower(lowering, dict(FIELDS))
+    assert event.outcome == "unavailable" and "compiling without the cache" in event.reason
+    assert lowering.compiles == 3 and compiled(5) == 5
+    assert caplog.text.count("compiling without the cache") == 1
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX modes")
+def test_an_untrusted_directory_degrades_with_the_reason(tmp_path):
+    root = tmp_path / "open"
+    root.mkdir()
+    os.chmod(root, 0o777)
+    _, _, event = GraphCache(CacheOptions(dir=str(root))).lower(FakeLowering(), dict(FIELDS))
+    assert event.outcome == "unavailable" and "other users" in event.reason
+
+
+def test_a_full_disk_degrades_with_one_warning(tmp_path, monkeypatch, caplog):
+    def full(self, entry):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(CacheStore, "write", full)
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        _, _, first = cache.lower(FakeLowering(), dict(FIELDS))
+        _, _, second = cache.lower(FakeLowering(), dict(FIELDS, graph="g2"))
+    assert "No space left" in first.reason and second.outcome == "unavailable"
+    assert caplog.text.count("No space left") == 1
+
+
+def test_nothing_is_stored_when_inductor_did_not_cache_the_graph(tmp_path):
+    def bypassed():
+        return (lambda x: x), "inductor"
+
+    _, _, event = GraphCache(CacheOptions(dir=str(tmp_path))).lower(bypassed, dict(FIELDS))
+    assert "nothing stored" in event.reason and event.entry_bytes == 0
+    assert list(CacheStore(str(tmp_path), 2**30).headers()) == []
+
+
+def test_the_cache_dir_cannot_be_inside_kilns_folder():
+    import kiln
+    from kiln.compiler.cache import CacheOptionsError
+
+    with pytest.raises(CacheOptionsError, match="inside Kiln's own folder"):
+        CacheOptions(dir=os.path.join(os.path.dirname(kiln.__file__), "cache"))
+    with pytest.raises(CacheOptionsError, match="cache mode 'always'"):
+        CacheOptions(mode="always")
