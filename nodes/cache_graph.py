@@ -56,14 +56,17 @@ class KilnCacheGraph:
             return (model, report)
         # a bad setting raises CacheOptionsError naming it: ComfyUI shows it on the node
         options = compiler.CacheOptions(dir=cache_dir.strip() or default_dir(), mode=cache, max_gb=float(max_gb))
-        unavailable = plan_wrapper.missing_extension_points()
+        unavailable = compiler.unavailable_reason() or plan_wrapper.missing_extension_points()
         if unavailable:
-            return (model, f"Kiln: nothing cached: {unavailable}")
+            report = f"Kiln: nothing cached: {unavailable}"
+            log.warning(report)
+            return (model, report)
         patched, plan, note = plan_wrapper.declare(model, cache=options)
         name = type(model.get_model_object("diffusion_model")).__name__
         report = compiler.describe_cache(options, name)
         if plan.compile is None:
-            report += " Nothing is compiled yet: add Kiln › Compile UNet (before or after this node) to use the cache."
+            report += (" It is used once Kiln › Compile UNet is in the chain (before or after this node); hit or miss is "
+                       "decided per graph on the first sampling step, and the log says which, and why.")
         elif plan.compile.lowering.uses_inductor:
             report += " Hit or miss is decided per graph on the first sampling step; the log says which, and why."
         else:

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+ALL_NODES = "NODES ['KilnCacheGraph', 'KilnCompileUNet', 'KilnLoadQuantizedModel', 'KilnQuantizeModel', 'KilnSaveQuantizedModel']"
+
 HEADER = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="LOG %(name)s: %(message)s")
@@ -20,7 +22,10 @@ from kiln.nodes.compile_unet import KilnCompileUNet
 patcher = Patcher()
 out, report = KilnCompileUNet().compile(patcher)
 print("NODES", sorted(kiln.NODE_CLASS_MAPPINGS))
-print("PASSED THROUGH", out is patcher)
+from kiln.nodes.cache_graph import KilnCacheGraph
+cached, cache_report = KilnCacheGraph().cache(patcher, cache_dir=sys.argv[1] if len(sys.argv) > 1 else "/nonexistent")
+print("PASSED THROUGH", out is patcher and cached is patcher)
+print("CACHE REPORT", cache_report)
 print("REPORT", report)
 """
 
@@ -88,7 +93,7 @@ import kiln, kiln.compiler
 
 def test_a_torch_older_than_kiln_supports(tmp_path):
     out = _run("import torch; torch.__version__ = '2.3.1'\nimport kiln\n" + NODE_CALL, tmp_path, fake_comfyui=True)
-    assert "NODES ['KilnCompileUNet', 'KilnLoadQuantizedModel', 'KilnQuantizeModel', 'KilnSaveQuantizedModel']" in out and "PASSED THROUGH True" in out
+    assert ALL_NODES in out and "PASSED THROUGH True" in out
     assert "REPORT Kiln: running eagerly, nothing compiled: torch 2.3.1 is older than 2.5" in out
 
 
@@ -97,7 +102,7 @@ def test_a_comfyui_without_the_extension_points_kiln_needs(tmp_path):
     # said once at start-up, with the version needed, and again in the node's report
     assert "LOG kiln: Kiln: this ComfyUI (version 0.3.6) has no model wrappers" in out
     assert "Kiln needs ComfyUI 0.3.7 or newer" in out
-    assert "NODES ['KilnCompileUNet', 'KilnLoadQuantizedModel', 'KilnQuantizeModel', 'KilnSaveQuantizedModel']" in out and "PASSED THROUGH True" in out
+    assert ALL_NODES in out and "PASSED THROUGH True" in out
     assert "REPORT Kiln: running eagerly, nothing compiled: this ComfyUI (version 0.3.6) has no model wrappers" in out
 
 
@@ -112,7 +117,7 @@ import kiln
 """
     out = _run(broken + NODE_CALL, tmp_path, fake_comfyui=True)
     assert "Kiln's compiler cannot load (ImportError: cannot import name 'custom_op'" in out
-    assert "NODES ['KilnCompileUNet', 'KilnLoadQuantizedModel', 'KilnQuantizeModel', 'KilnSaveQuantizedModel']" in out and "PASSED THROUGH True" in out
+    assert ALL_NODES in out and "PASSED THROUGH True" in out
     assert "REPORT Kiln: running eagerly, nothing compiled: Kiln's compiler could not load (ImportError" in out
 
 

@@ -1,0 +1,78 @@
+"""Kiln › Cache Graph on ComfyUI's own classes: Compile + Cache stores the UNet's graph; another model
+object of the same architecture (a restart, another fine-tune, a LoRA) loads it instead of compiling
+and samples like eager. Runs when COMFYUI_PATH points at a ComfyUI tree; skips otherwise."""
+import os
+
+import pytest
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
+if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
+    pytest.skip("COMFYUI_PATH is not set to a ComfyUI tree", allow_module_level=True)
+pytest.importorskip("comfy.model_management")
+
+from kiln.compiler import model_for  # noqa: E402
+from kiln.nodes.cache_graph import KilnCacheGraph  # noqa: E402
+from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
+from kiln.nodes.plan_wrapper import PLAN_KEY  # noqa: E402
+from comfy_testing import lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
+from testing_utils import rel_err  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def kiln_nodes(base, cache_dir, cache_first=True):
+    if cache_first:
+        cached, report = KilnCacheGraph().cache(base, "use", str(cache_dir))
+        return KilnCompileUNet().compile(cached, mode="balanced")[0], report
+    compiled = KilnCompileUNet().compile(base, mode="balanced")[0]
+    return KilnCacheGraph().cache(compiled, "use", str(cache_dir))
+
+
+def stats(patcher):
+    plan = patcher.model_options[PLAN_KEY]
+    return model_for(patcher.get_model_object("diffusion_model"), plan).stats
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory):
+    cache_dir = tmp_path_factory.mktemp("kiln") / "cache"
+    base = make_tiny_sd15_patcher(seed=0)
+    model, report = kiln_nodes(base, cache_dir)
+    return cache_dir, base, model, report, sample(model)
+
+
+def test_the_node_reports_the_directory_and_what_comes_next(cold):
+    cache_dir, _, _, report, _ = cold
+    assert f"at {cache_dir}: 0 entries" in report and "0 for UNetModel" in report
+    assert "once Kiln › Compile UNet is in the chain" in report
+
+
+def test_cache_and_compile_in_either_order_make_one_plan(cold, tmp_path):
+    cache_dir, base, model, _, _ = cold
+    other, report = kiln_nodes(base, cache_dir, cache_first=False)
+    assert other.model_options[PLAN_KEY] == model.model_options[PLAN_KEY]
+    assert "decided per graph on the first sampling step" in report
+
+
+def test_a_cold_compile_stores_the_unets_graph(cold):
+    cache_dir, base, model, _, out = cold
+    events = stats(model).cache
+    assert events and events[0].outcome == "miss" and events[0].entry_bytes > 0
+    assert rel_err(out, sample(base)) < 1e-4
+    assert "1 for UNetModel" in KilnCacheGraph().cache(base, "use", str(cache_dir))[1]
+
+
+def test_another_model_of_the_architecture_loads_it_and_samples_like_eager(cold):
+    cache_dir, _, _, _, _ = cold
+    other = make_tiny_sd15_patcher(seed=4)  # a new UNet object, other weights: as after a restart or another fine-tune
+    model, _ = kiln_nodes(other, cache_dir)
+    out = sample(model)
+    events = stats(model).cache
+    assert [e.outcome for e in events] == ["hit"], stats(model).summary()
+    assert rel_err(out, sample(other)) < 1e-4
+    lora_model, lora_eager = model.clone(), other.clone()  # a LoRA after the Kiln nodes: same graph, live weights
+    patches = lora_like_patches(other)
+    lora_model.add_patches(patches, 0.8)
+    lora_eager.add_patches(patches, 0.8)
+    assert rel_err(sample(lora_model), sample(lora_eager)) < 1e-4
+    assert [e.outcome for e in stats(model).cache] == ["hit"]  # no new graph for the LoRA
