@@ -92,6 +92,22 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
+def apply_sets(prompt: dict, sets: list[str]) -> dict:
+    """A copy of an API-format prompt with NODE.INPUT=VALUE settings applied (VALUE read as JSON, else text)."""
+    out = json.loads(json.dumps(prompt))
+    for item in sets:
+        target, _, raw = item.partition("=")
+        node, _, name = target.partition(".")
+        if not _ or not name or node not in out:
+            raise ValueError(f"--set {item!r}: use NODE.INPUT=VALUE with a node id of the workflow ({', '.join(sorted(out))})")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        out[node]["inputs"][name] = value
+    return out
+
+
 def with_shape(prompt: dict, width: int, height: int, batch: int, steps: Optional[int]) -> dict:
     """A copy of an API-format prompt that renders at (width, height, batch), with `steps` sampling
     steps, and previews instead of saving."""

@@ -13,16 +13,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shapes", required=True, help="image sizes to warm, WIDTHxHEIGHT[:BATCH], comma-separated, "
                         "e.g. 1024x1024,832x1216:2")
     parser.add_argument("--server", default="http://127.0.0.1:8188")
+    parser.add_argument("--set", action="append", default=[], metavar="NODE.INPUT=VALUE",
+                        help="change an input first, e.g. --set 4.ckpt_name=sd_xl_base_1.0.safetensors")
     parser.add_argument("--steps", type=int, default=1, help="sampling steps per warm-up prompt (default 1)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for each prompt")
 
 
 def main(args: argparse.Namespace) -> int:
-    from ...comfy_client import ComfyClient, ComfyError, parse_shapes, with_shape
+    from ...comfy_client import ComfyClient, ComfyError, apply_sets, parse_shapes, with_shape
 
     try:
         with open(args.workflow) as f:
-            workflow = json.load(f)
+            workflow = apply_sets(json.load(f), args.set)
         shapes = parse_shapes(args.shapes)
         prompts = [(shape, with_shape(workflow, *shape, steps=args.steps)) for shape in shapes]
     except (OSError, ValueError) as exc:

@@ -1,0 +1,55 @@
+"""`kiln cache list|info|clear|export|import` on a cache with stand-in entries."""
+import os
+
+from kiln.cli import main
+from kiln.compiler.cache import CacheStore, Entry, environment_fields
+
+
+def populate(root, keys=("a" * 32, "b" * 32)):
+    store = CacheStore(str(root), max_bytes=2**30)
+    for key in keys:
+        fields = {"graph": "g", "label": f"UNetModel graph {key[0]}", **environment_fields("cpu")}
+        store.write(Entry(key=key, fields=fields, files={"fxgraph/x": b"code"}, compile_seconds=42.0))
+    return store
+
+
+def test_list_and_info(tmp_path, capsys):
+    populate(tmp_path / "c")
+    assert main(["cache", "--dir", str(tmp_path / "c"), "list"]) == 0
+    out = capsys.readouterr().out
+    assert "UNetModel graph a" in out and "42.0s" in out and "2 entries" in out
+    assert main(["cache", "--dir", str(tmp_path / "c"), "info", "aaaa"]) == 0
+    out = capsys.readouterr().out
+    assert "signature OK" in out and "usable on this machine" in out and '"label": "UNetModel graph a"' in out
+
+
+def test_info_names_what_makes_an_entry_unusable_here(tmp_path, capsys):
+    store = populate(tmp_path / "c", keys=("c" * 32,))
+    entry = store.read("c" * 32)
+    entry.fields["torch"] = "2.1.0"
+    store.write(entry)
+    main(["cache", "--dir", str(tmp_path / "c"), "info", "c"])
+    assert "NOT usable on this machine: torch: 2.1.0 ->" in capsys.readouterr().out
+
+
+def test_clear_export_import(tmp_path, capsys):
+    populate(tmp_path / "c")
+    bundle = str(tmp_path / "entries.tar")
+    assert main(["cache", "--dir", str(tmp_path / "c"), "export", bundle, "aa"]) == 0
+    assert main(["cache", "--dir", str(tmp_path / "other"), "import", bundle]) == 0
+    assert "1 entries signed with this cache's key" in capsys.readouterr().out
+    assert CacheStore(str(tmp_path / "other"), 2**30).read("a" * 32).files == {"fxgraph/x": b"code"}
+    assert main(["cache", "--dir", str(tmp_path / "c"), "clear", "b"]) == 0
+    assert [k for k, _, _ in CacheStore(str(tmp_path / "c"), 2**30).headers()] == ["a" * 32]
+    assert main(["cache", "--dir", str(tmp_path / "c"), "clear"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+
+
+def test_errors_are_one_line_with_a_non_zero_exit(tmp_path, capsys):
+    populate(tmp_path / "c")
+    assert main(["cache", "--dir", str(tmp_path / "c"), "info", "zzz"]) == 1
+    assert "'zzz' names 0 entries" in capsys.readouterr().out
+    if os.name == "posix":
+        os.chmod(tmp_path / "c", 0o777)
+        assert main(["cache", "--dir", str(tmp_path / "c"), "list"]) == 1
+        assert "can be written by other users" in capsys.readouterr().out
