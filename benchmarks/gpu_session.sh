@@ -6,13 +6,14 @@
 #   bash benchmarks/gpu_session.sh kernels               # kernel microbenchmarks at real shapes
 #   bash benchmarks/gpu_session.sh suite CASE[,CASE] [VARIANT,...]  # the GPU suite, some cases (all variants)
 #   bash benchmarks/gpu_session.sh shapes auto|dynamic|kiln   # kiln bench --shapes at SDXL size, one variant
+#   bash benchmarks/gpu_session.sh cache                 # kiln bench --cache at SDXL size: restart cost, cold vs warm
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_session.sh tests | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln"
+usage="usage: gpu_session.sh tests | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln | cache"
 part="${1:-}"
 case "$part ${2:-}" in
-    "tests "|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln") ;;
+    "tests "|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache ") ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
 out="${OUT:-benchmarks/results/gpu-$(date +%F)}"
@@ -57,4 +58,7 @@ case "$part" in
         if [ "$variant" = kiln ]; then args=(--modes balanced --baselines none); else args=(--modes "" --baselines "$variant"); fi
         python3 -m kiln.cli bench --shapes --device cuda --model sdxl "${args[@]}" \
             --json "$out/shapes-sdxl-$variant.json" 2>&1 | tee "$out/shapes-sdxl-$variant.log" ;;
+    cache)  # time to first step in fresh processes: Kiln cold, Kiln warm from its cache, torch.compile cold and warm
+        python3 -m kiln.cli bench --cache --device cuda --model sdxl --json "$out/cache-sdxl.json" 2>&1 \
+            | tee "$out/cache-sdxl.log" ;;
 esac
