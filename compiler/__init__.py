@@ -4,7 +4,7 @@ from .cache import (CACHE_MODE_HELP, CACHE_MODES, CacheEntryError, CacheOptions,
                     CacheTrustError, default_cache_dir, describe_cache)
 from .lowering import LOWERINGS, MODE_HELP, MODES, Lowering
 from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailable_reason
-from .options import CompileOptions, OptionsError, build_options, parse_expert_options
+from .options import CompileOptions, OptionsError, build_options, expert_cache_options, parse_expert_options
 from .passes import PASS_NAMES
 from .plan import KilnPlan
 from .quantize import (SCHEMES, LayerPolicy, QuantizeError, QuantizeOptions, QuantReport, parse_policy, quant_report,
@@ -21,4 +21,4 @@ __all__ = ["compile", "stats", "CompileOptions", "OptionsError", "ShapePolicyErr
            "quantize", "quant_report", "QuantizeOptions", "QuantReport", "LayerPolicy", "parse_policy", "QuantizeError",
            "SCHEMES", "save_quantized", "load_quantized", "pop_quantized_layer", "stored_to_layer",
            "CacheOptions", "CacheOptionsError", "CACHE_MODES", "CACHE_MODE_HELP", "CacheStore", "CacheTrustError",
-           "CacheEntryError", "default_cache_dir", "describe_cache"]
+           "CacheEntryError", "default_cache_dir", "describe_cache", "expert_cache_options"]

@@ -7,7 +7,7 @@ import torch
 
 from .cache import CacheOptions
 from .model import KilnModel, KilnUnavailable, model_for, unavailable_reason
-from .options import CompileOptions
+from .options import CompileOptions, OptionsError
 from .passes import Progress
 from .plan import KilnPlan
 from .stats import KilnStats
@@ -32,7 +32,8 @@ def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[b
     Compiling the same module with the same options again returns the same KilnModel (and its
     compiled graphs); `progress` is then the new caller's.
 
-    `cache_dir` turns on Kiln's cache there ("" for the default, ~/.cache/kiln): each graph Inductor
+    `cache_dir` turns on Kiln's cache there ("" for the default, ~/.cache/kiln; None, the default: no
+    cache): each graph Inductor
     lowers is stored, signed, and a later process loads it instead of compiling (`cache`: "use",
     "refresh" to compile and replace, "off"). `kiln.stats(...).cache` says hit or miss, and why.
 
@@ -46,6 +47,9 @@ def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[b
     if problem:
         raise KilnUnavailable(problem)
     options = options or CompileOptions(mode=mode, dynamic=dynamic, cuda_graphs=cuda_graphs)
+    if cache_dir is None and cache != "use":
+        raise OptionsError(f"cache={cache!r} needs cache_dir (\"\" for the default, ~/.cache/kiln); without it "
+                           "Kiln's cache is not used")
     cache_options = CacheOptions(dir=cache_dir, mode=cache, max_gb=cache_max_gb) if cache_dir is not None else None
     return model_for(module, KilnPlan(compile=options, cache=cache_options), progress=progress)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from . import plan_wrapper
+from . import cache_graph, plan_wrapper
 
 log = logging.getLogger("kiln")
 
@@ -37,8 +37,9 @@ class KilnCompileUNet:
                                "pixels, ':B' for the batch the model sees (CFG included), e.g. 1024x1024, 832x1216:2. "
                                "Other sizes run on the dynamic graph with no compile. Not in mode fast."}),
                 "advanced": ("STRING", {"multiline": True, "default": "", "tooltip":
-                             "expert options as JSON or YAML, e.g. passes: {fuse_geglu: on} or "
-                             "shapes: {specialize: buckets, max_variants: 4}"}),
+                             "expert options as JSON or YAML, e.g. passes: {fuse_geglu: on}, "
+                             "shapes: {specialize: buckets, max_variants: 4}, or cache: {dir: /fast/disk, max_gb: 50} "
+                             "(what Kiln › Cache Graph sets)"}),
             },
         }
 
@@ -52,7 +53,11 @@ class KilnCompileUNet:
         unavailable = compiler.unavailable_reason() or plan_wrapper.missing_extension_points()
         if unavailable:
             return self._eager(model, unavailable)
-        patched, plan, note = plan_wrapper.declare(model, compile=options)
+        cache = compiler.expert_cache_options(advanced)
+        if cache is not None and not cache.dir:  # ComfyUI's default, as Kiln › Cache Graph has it
+            cache = compiler.CacheOptions(dir=cache_graph.default_dir(), mode=cache.mode, max_gb=cache.max_gb)
+        parts = {"compile": options, **({"cache": cache} if cache is not None else {})}
+        patched, plan, note = plan_wrapper.declare(model, **parts)
         kiln_model = compiler.model_for(model.get_model_object("diffusion_model"), plan)
         if kiln_model.stats.fallback:  # this model already failed to compile under this plan
             return self._eager(model, kiln_model.stats.fallback)

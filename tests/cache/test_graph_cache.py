@@ -143,3 +143,36 @@ def test_the_cache_dir_cannot_be_inside_kilns_folder():
         CacheOptions(dir=os.path.join(os.path.dirname(kiln.__file__), "cache"))
     with pytest.raises(CacheOptionsError, match="cache mode 'always'"):
         CacheOptions(mode="always")
+
+
+def test_the_plan_carries_the_cache_and_says_what_changed(tmp_path):
+    import torch
+
+    import kiln
+    from kiln.compiler import KilnPlan, OptionsError, build_options
+
+    plan = KilnPlan().with_parts(compile=build_options("balanced"), cache=CacheOptions(dir=str(tmp_path)))
+    assert plan == KilnPlan().with_parts(cache=CacheOptions(dir=str(tmp_path)), compile=build_options("balanced"))
+    assert f"with Kiln's cache (use, {tmp_path})" in plan.describe()
+    refresh = plan.with_parts(cache=CacheOptions(dir=str(tmp_path), mode="refresh"))
+    assert refresh.changes_from(plan) == ['cache.mode: "use" -> "refresh"']
+    with pytest.raises(OptionsError, match="needs cache_dir"):
+        kiln.compile(torch.nn.Linear(2, 2), cache="refresh")
+    model = kiln.compile(torch.nn.Linear(2, 2), mode="fast", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        model(torch.randn(3, 2))
+    assert "mode 'fast' has none" in " ".join(kiln.stats(model).warnings) and kiln.stats(model).cache == []
+
+
+def test_the_compile_nodes_expert_string_sets_the_cache():
+    from kiln.compiler import OptionsError, build_options, expert_cache_options
+
+    text = "mode: max\ncache: {dir: /tmp/kiln-yaml, max_gb: 5}"
+    assert expert_cache_options(text) == CacheOptions(dir="/tmp/kiln-yaml", max_gb=5)
+    assert build_options(advanced=text).mode == "max"  # the compile options ignore the cache key
+    assert expert_cache_options("cache: /tmp/elsewhere").root == "/tmp/elsewhere"
+    assert expert_cache_options("passes: {fuse_geglu: off}") is None
+    with pytest.raises(OptionsError, match="cache: unknown key"):
+        expert_cache_options("cache: {size: 3}")
+    with pytest.raises(OptionsError, match="cache mode 'sometimes'"):
+        expert_cache_options("cache: {mode: sometimes}")

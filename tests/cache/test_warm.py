@@ -98,3 +98,13 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="node id of the workflow"):
         apply_sets({"1": {"inputs": {}}}, ["7.x=1"])
     assert apply_sets({"1": {"inputs": {}}}, ["1.cfg=7.5", "1.name=abc"])["1"]["inputs"] == {"cfg": 7.5, "name": "abc"}
+
+
+def test_the_command_line_never_imports_comfyui():
+    import subprocess
+    import sys
+
+    code = ("import sys, kiln.cli, kiln.comfy_client, kiln.compiler.cache.warm, kiln.compiler.cache.commands\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('comfy', 'folder_paths', 'comfy_execution')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
