@@ -89,10 +89,7 @@ class GraphCache:
         else:
             reason = "refresh: stored entries ignored"
         if entry is not None:
-            loaded = self._lower_from(store, entry, lower, label)
-            if loaded is not None:
-                return loaded
-            reason = "the entry loaded but Inductor compiled anyway (its own key differed); entry replaced"
+            return self._lower_from(store, entry, lower, label)
         return self._lower_and_store(store, key, fields, lower, "miss" if self.options.mode == "use" else "refresh", reason)
 
     def _lookup(self, store: CacheStore, key: str, fields: dict) -> tuple[Optional[Entry], str]:
@@ -100,7 +97,10 @@ class GraphCache:
             entry = store.read(key)
         except CacheEntryError as exc:
             log.warning("Kiln: refused %s; compiling it again", exc)
-            store.remove(key)
+            try:
+                store.remove(key)
+            except OSError:
+                pass  # a read-only directory: the fresh compile's write will say so
             return None, f"refused: {exc}"
         except OSError as exc:
             return None, f"cannot read the entry ({exc.strerror or exc})"
@@ -109,8 +109,14 @@ class GraphCache:
         return entry, ""
 
     def _lower_from(self, store: CacheStore, entry: Entry, lower, label: str):
-        work = store.work_dir()
-        write_files(work, entry.files)
+        try:
+            work = store.work_dir()
+            write_files(work, entry.files)
+        except OSError as exc:
+            self._disable(f"cannot write in the cache directory {self.options.root} ({exc.strerror or exc}); "
+                          "compiling without the cache")
+            compiled, name = lower()
+            return compiled, name, CacheEvent(label, "unavailable", self.unavailable, entry.key)
         before = compat.inductor_cache_counts()
         start = time.perf_counter()
         with compat.inductor_persistent_caches(), compat.inductor_cache_dir(work):

@@ -176,3 +176,19 @@ def test_the_compile_nodes_expert_string_sets_the_cache():
         expert_cache_options("cache: {size: 3}")
     with pytest.raises(OptionsError, match="cache mode 'sometimes'"):
         expert_cache_options("cache: {mode: sometimes}")
+
+
+def test_a_hit_that_cannot_be_unpacked_degrades_with_one_warning(tmp_path, monkeypatch, caplog):
+    options = CacheOptions(dir=str(tmp_path))
+    GraphCache(options).lower(FakeLowering(), dict(FIELDS))
+
+    def read_only(directory, files):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(store_module, "write_files", read_only)
+    monkeypatch.setattr("kiln.compiler.cache.graph_cache.write_files", read_only)
+    lowering = FakeLowering()
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        compiled, _, event = GraphCache(options).lower(lowering, dict(FIELDS))
+    assert event.outcome == "unavailable" and "Read-only" in event.reason and lowering.compiles == 1
+    assert compiled(3) == 3 and caplog.text.count("Read-only") == 1
