@@ -75,13 +75,9 @@ def environment_fields(device: str) -> dict[str, Any]:
     }
 
 
-def _size(value) -> str:
-    return str(value)
-
-
 def _tensor_signature(value) -> Any:
     if isinstance(value, torch.Tensor):
-        return [[_size(s) for s in value.shape], [_size(s) for s in value.stride()], str(value.dtype),
+        return [[str(s) for s in value.shape], [str(s) for s in value.stride()], str(value.dtype),
                 value.device.type, bool(value.requires_grad)]
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return f"sym {value}"
