@@ -45,9 +45,10 @@ class KilnCacheGraph:
                 "max_gb": ("FLOAT", {"default": 20.0, "min": 0.1, "max": 4096.0, "step": 0.5, "tooltip":
                            "size cap; the least recently used entries are evicted past it"}),
             },
+            "hidden": {"unique_id": "UNIQUE_ID"},  # the node shows each hit or miss as it happens
         }
 
-    def cache(self, model, cache="use", cache_dir="", max_gb=20.0):
+    def cache(self, model, cache="use", cache_dir="", max_gb=20.0, unique_id=None):
         from . import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
@@ -61,14 +62,14 @@ class KilnCacheGraph:
             report = f"Kiln: nothing cached: {unavailable}"
             log.warning(report)
             return (model, report)
-        patched, plan, note = plan_wrapper.declare(model, cache=options)
+        patched, plan, note = plan_wrapper.declare(model, show_cache_on=str(unique_id or ""), cache=options)
         name = type(model.get_model_object("diffusion_model")).__name__
         report = compiler.describe_cache(options, name)
         if plan.compile is None:
             report += (" It is used once Kiln › Compile UNet is in the chain (before or after this node); hit or miss is "
-                       "decided per graph on the first sampling step, and the log says which, and why.")
+                       "decided per graph on the first sampling step, and this node and the log say which, and why.")
         elif plan.compile.lowering.uses_inductor:
-            report += " Hit or miss is decided per graph on the first sampling step; the log says which, and why."
+            report += " Hit or miss is decided per graph on the first sampling step; this node and the log say which, and why."
         else:
             report += f" Compile mode {plan.compile.mode!r} does not use Inductor: nothing to cache."
         if note:

@@ -35,23 +35,30 @@ def missing_extension_points() -> str:
     return ""
 
 
-def declare(model_patcher, **part):
+def declare(model_patcher, show_cache_on: str = "", **part):
     """A clone of `model_patcher` whose plan has `part` added, with Kiln's wrapper installed.
-    Returns (clone, plan, note); the note says if core's TorchCompileModel wrapper was replaced."""
+    `show_cache_on`: the id of a node that shows each cache hit or miss as it happens (Cache Graph's);
+    a node declared later keeps the one set earlier. Returns (clone, plan, note); the note says if
+    core's TorchCompileModel wrapper was replaced."""
+    from comfy.patcher_extension import WrappersMP
+
     from ..compiler import KilnPlan
 
     patched = model_patcher.clone()
     before = patched.model_options.get(PLAN_KEY) or KilnPlan()
     plan = before.with_parts(**part)
     patched.model_options[PLAN_KEY] = plan
-    return patched, plan, _install(patched, KilnApplyModel(plan))
+    earlier = patched.get_wrappers(WrappersMP.APPLY_MODEL, WRAPPER_KEY)
+    show_cache_on = show_cache_on or (earlier[0].show_cache_on if earlier else "")
+    return patched, plan, _install(patched, KilnApplyModel(plan, show_cache_on))
 
 
 class KilnApplyModel:
     """The APPLY_MODEL wrapper: runs the diffusion model as the plan's KilnModel."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, show_cache_on: str = ""):
         self.plan = plan
+        self.show_cache_on = show_cache_on  # node id that shows cache hits and misses in ComfyUI's UI
 
     def __call__(self, executor, *args, **kwargs):
         import comfy.utils
@@ -62,10 +69,13 @@ class KilnApplyModel:
         original = comfy.utils.get_attr(base_model, "diffusion_model")
         kiln_model = model_for(original, self.plan, progress=progress_bar())
         comfy.utils.set_attr(base_model, "diffusion_model", kiln_model)
+        events = len(kiln_model.stats.cache)
         try:
             return executor(*args, **kwargs)
         finally:
             comfy.utils.set_attr(base_model, "diffusion_model", original)
+            if self.show_cache_on and len(kiln_model.stats.cache) > events:
+                show_text(self.show_cache_on, "\n".join(e.line() for e in kiln_model.stats.cache[events:]))
 
 
 def _install(model_patcher, wrapper) -> str:
@@ -79,6 +89,17 @@ def _install(model_patcher, wrapper) -> str:
     model_patcher.remove_wrappers_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY)
     model_patcher.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, wrapper)
     return note
+
+
+def show_text(node_id: str, text: str) -> None:
+    """Show `text` on a node in ComfyUI's UI (its progress text, as core's Get Image Size does).
+    Headless (no server running), the log already has it."""
+    try:
+        from server import PromptServer
+    except ImportError:
+        return
+    if getattr(PromptServer, "instance", None) is not None:
+        PromptServer.instance.send_progress_text(text, node_id)
 
 
 def progress_bar(work: str = "compile"):

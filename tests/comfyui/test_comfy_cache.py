@@ -13,6 +13,7 @@ pytest.importorskip("comfy.model_management")
 from kiln.compiler import model_for  # noqa: E402
 from kiln.nodes.cache_graph import KilnCacheGraph  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
+from kiln.nodes import plan_wrapper  # noqa: E402
 from kiln.nodes.plan_wrapper import PLAN_KEY  # noqa: E402
 from comfy_testing import lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
 from testing_utils import rel_err  # noqa: E402
@@ -22,10 +23,10 @@ pytestmark = pytest.mark.slow
 
 def kiln_nodes(base, cache_dir, cache_first=True):
     if cache_first:
-        cached, report = KilnCacheGraph().cache(base, "use", str(cache_dir))
+        cached, report = KilnCacheGraph().cache(base, "use", str(cache_dir), unique_id="13")
         return KilnCompileUNet().compile(cached, mode="balanced")[0], report
     compiled = KilnCompileUNet().compile(base, mode="balanced")[0]
-    return KilnCacheGraph().cache(compiled, "use", str(cache_dir))
+    return KilnCacheGraph().cache(compiled, "use", str(cache_dir), unique_id="13")
 
 
 def stats(patcher):
@@ -62,13 +63,17 @@ def test_a_cold_compile_stores_the_unets_graph(cold):
     assert "1 for UNetModel" in KilnCacheGraph().cache(base, "use", str(cache_dir))[1]
 
 
-def test_another_model_of_the_architecture_loads_it_and_samples_like_eager(cold):
+def test_another_model_of_the_architecture_loads_it_and_samples_like_eager(cold, monkeypatch):
     cache_dir, _, _, _, _ = cold
+    shown = []
+    monkeypatch.setattr(plan_wrapper, "show_text", lambda node, text: shown.append((node, text)))
     other = make_tiny_sd15_patcher(seed=4)  # a new UNet object, other weights: as after a restart or another fine-tune
     model, _ = kiln_nodes(other, cache_dir)
     out = sample(model)
     events = stats(model).cache
     assert [e.outcome for e in events] == ["hit"], stats(model).summary()
+    # the Cache Graph node (id 13) shows it in ComfyUI's UI, once, though Compile UNet was declared after it
+    assert len(shown) == 1 and shown[0][0] == "13" and "cache hit for UNetModel graph 0" in shown[0][1]
     assert rel_err(out, sample(other)) < 1e-4
     lora_model, lora_eager = model.clone(), other.clone()  # a LoRA after the Kiln nodes: same graph, live weights
     patches = lora_like_patches(other)
