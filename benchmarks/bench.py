@@ -18,8 +18,7 @@ from typing import Callable, Optional
 import torch
 
 from .models import MODELS, SIZES
-
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+from .side_by_side import DTYPES, own_code, sync, time_interleaved
 
 
 @dataclass
@@ -33,25 +32,6 @@ class Row:
     compile_cached: bool = False        # Inductor loaded the graph from its disk cache (a warm compile)
     passes: Optional[dict] = None
     error: Optional[str] = None
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def own_code(module: torch.nn.Module, tag: str) -> torch.nn.Module:
-    """`module` behind a wrapper whose forward is a code object of its own.
-
-    TorchDynamo keeps compiled graphs per code object and checks their guards in turn on every
-    call; variants sharing the model's forward would each pay for the guards of the others (seen
-    here: an identical Inductor graph 4% slower depending on which variant compiled first).
-    """
-    namespace: dict = {}
-    exec(f"def forward(self, *args, **kwargs):\n    return self.inner(*args, **kwargs)  # {tag}\n", namespace)
-    wrapper = type(f"Bench_{tag}", (torch.nn.Module,), {"forward": namespace["forward"]})()
-    wrapper.inner = module
-    return wrapper
 
 
 def _variants(module, modes: list[str], dynamic) -> dict[str, Callable]:
@@ -80,10 +60,10 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
         for name, fn in _variants(module, list(modes), dynamic).items():
             row = rows[name] = Row(name)
             try:
-                _sync(device)
+                sync(device)
                 start, hits = time.perf_counter(), inductor_cache_hits()
                 out = fn(*args, **kwargs)[0]
-                _sync(device)
+                sync(device)
                 row.compile_s = time.perf_counter() - start
                 row.compile_cached = inductor_cache_hits() > hits
                 if reference is None:
@@ -114,23 +94,6 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
                   "after one warm-up call per variant per round",
         "rows": [asdict(r) for r in rows.values()],
     }
-
-
-def time_interleaved(calls: dict[str, Callable], args, kwargs, device: str, rounds: int, steps: int) -> dict[str, list[float]]:
-    """ms per call of each variant, one sample per round; rounds interleave the variants, in an
-    order reversed every other round so no variant always runs first (or right after another)."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    order = list(calls.items())
-    for round_index in range(rounds):
-        for name, fn in (order if round_index % 2 == 0 else order[::-1]):
-            fn(*args, **kwargs)  # warm
-            _sync(device)
-            start = time.perf_counter()
-            for _ in range(steps):
-                fn(*args, **kwargs)
-            _sync(device)
-            times[name].append((time.perf_counter() - start) / steps * 1e3)
-    return times
 
 
 def format_table(result: dict) -> str:

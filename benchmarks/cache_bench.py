@@ -32,7 +32,7 @@ def child(args) -> dict:
 
     from .. import compiler as kiln
     from ..compiler import compat
-    from .bench import DTYPES, _sync
+    from .side_by_side import DTYPES, sync
     from .models import MODELS
 
     spec = MODELS[args.model]
@@ -45,10 +45,10 @@ def child(args) -> dict:
         fn = torch.compile(module)
     before = compat.inductor_cache_counts()
     with torch.inference_mode():
-        _sync(args.device)
+        sync(args.device)
         start = time.perf_counter()
         out = fn(*inputs, **kwargs)[0]
-        _sync(args.device)
+        sync(args.device)
         first = time.perf_counter() - start
     counts = {k: v - before[k] for k, v in compat.inductor_cache_counts().items() if v - before[k]}
     result = {"run": args.run, "first_step_s": first, "inductor": counts, "checksum": float(out.double().abs().sum())}

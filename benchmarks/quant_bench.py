@@ -2,7 +2,7 @@
 
 For each scheme: weight memory, time per step quantized and eager, quantized and compiled by
 Kiln, and the output error against eager; beside eager and Kiln's compile of the unquantized
-model. All variants are timed in the same interleaved rounds (bench.time_interleaved).
+model. All variants are timed in the same interleaved rounds (side_by_side.time_interleaved).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from .bench import DTYPES, _sync, own_code, time_interleaved
+from .side_by_side import DTYPES, own_code, sync, time_interleaved
 from .models import MODELS
 
 
@@ -48,10 +48,10 @@ def run_quant_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu",
         for name, (fn, mib, scheme) in variants.items():
             row = rows[name] = {"variant": name, "scheme": scheme, "weight_mib": round(mib, 2), "error": None}
             try:
-                _sync(device)
+                sync(device)
                 start = time.perf_counter()
                 out = fn(*args, **kwargs)[0].float()
-                _sync(device)
+                sync(device)
                 row["first_call_s"] = time.perf_counter() - start
                 reference = out if reference is None else reference
                 row["rel_l2_err"] = ((out - reference).norm() / reference.norm()).item()

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .bench import DTYPES, _sync, own_code
+from .side_by_side import DTYPES, own_code, sync
 from .models import MODELS
 
 # (model batch, latent height, latent width): batch 1, 2, 4 with CFG, then new resolutions
@@ -124,16 +124,16 @@ def _measure(name: str, module, sequence, inputs, references, device: str, repea
         fn, graph_count = _variant(name, module, sequence[0])
         for (batch, h, w), (args, kwargs), reference in zip(sequence, inputs, references):
             graphs = graph_count()
-            _sync(device)
+            sync(device)
             start = time.perf_counter()
             out = fn(*args, **kwargs)[0]
-            _sync(device)
+            sync(device)
             first = time.perf_counter() - start
             samples = []
             for _ in range(repeats):
                 start = time.perf_counter()
                 fn(*args, **kwargs)
-                _sync(device)
+                sync(device)
                 samples.append(time.perf_counter() - start)
             steady = statistics.median(samples)
             err = ((out.float() - reference).abs().max() / reference.abs().max()).item()

@@ -1,0 +1,46 @@
+"""What every side-by-side benchmark shares: dtypes by name, a device sync, a code object per
+variant, and interleaved timing rounds (`kiln bench`, `--quant`, `--shapes`, `--cache`)."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def own_code(module: torch.nn.Module, tag: str) -> torch.nn.Module:
+    """`module` behind a wrapper whose forward is a code object of its own.
+
+    TorchDynamo keeps compiled graphs per code object and checks their guards in turn on every
+    call; variants sharing the model's forward would each pay for the guards of the others (seen
+    here: an identical Inductor graph 4% slower depending on which variant compiled first).
+    """
+    namespace: dict = {}
+    exec(f"def forward(self, *args, **kwargs):\n    return self.inner(*args, **kwargs)  # {tag}\n", namespace)
+    wrapper = type(f"Bench_{tag}", (torch.nn.Module,), {"forward": namespace["forward"]})()
+    wrapper.inner = module
+    return wrapper
+
+
+def time_interleaved(calls: dict[str, Callable], args, kwargs, device: str, rounds: int, steps: int) -> dict[str, list[float]]:
+    """ms per call of each variant, one sample per round; rounds interleave the variants, in an
+    order reversed every other round so no variant always runs first (or right after another)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls.items())
+    for round_index in range(rounds):
+        for name, fn in (order if round_index % 2 == 0 else order[::-1]):
+            fn(*args, **kwargs)  # warm
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn(*args, **kwargs)
+            sync(device)
+            times[name].append((time.perf_counter() - start) / steps * 1e3)
+    return times
