@@ -19,6 +19,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for each prompt")
 
 
+def uses_kiln_cache(workflow: dict) -> bool:
+    """True if an API-format workflow puts Kiln's cache in a plan (Cache Graph, or Compile UNet's YAML)."""
+    nodes = [node for node in workflow.values() if isinstance(node, dict)]
+    return any(node.get("class_type") == "KilnCacheGraph" and node.get("inputs", {}).get("cache") != "off"
+               or node.get("class_type") == "KilnCompileUNet" and "cache" in str(node.get("inputs", {}).get("advanced", ""))
+               for node in nodes)
+
+
 def main(args: argparse.Namespace) -> int:
     from ...comfy_client import ComfyClient, ComfyError, apply_sets, parse_shapes, with_shape
 
@@ -30,6 +38,9 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"kiln warm: {exc}")
         return 2
+    if not uses_kiln_cache(workflow):
+        print("kiln warm: note: this workflow has no Kiln › Cache Graph node (nor `cache:` in Compile UNet's advanced "
+              "options): the shapes are compiled in this server only, and a restart compiles them again")
     client = ComfyClient(args.server, timeout=args.timeout)
     try:
         for (width, height, batch), prompt in prompts:

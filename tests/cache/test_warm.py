@@ -70,6 +70,17 @@ def test_warm_queues_each_shape_with_one_step_and_previews(server, capsys):
     assert "warmed 832x1216 batch 2" in capsys.readouterr().out
 
 
+def test_a_workflow_without_kilns_cache_is_warmed_with_a_note(server, capsys, tmp_path):
+    workflow = json.loads(WORKFLOW.read_text())
+    workflow["13"]["inputs"]["cache"] = "off"
+    path = tmp_path / "no_cache.json"
+    path.write_text(json.dumps(workflow))
+    assert main(["warm", str(path), "--server", server, "--shapes", "512x512"]) == 0
+    assert "has no Kiln › Cache Graph node" in capsys.readouterr().out
+    assert main(["warm", str(WORKFLOW), "--server", server, "--shapes", "512x512"]) == 0
+    assert "has no Kiln" not in capsys.readouterr().out
+
+
 def test_a_rejected_prompt_names_the_node(server, capsys):
     FakeComfy.reject = True
     assert main(["warm", str(WORKFLOW), "--server", server, "--shapes", "512x512"]) == 1
