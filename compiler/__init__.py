@@ -1,6 +1,6 @@
 """Kiln's compiler: a TorchDynamo backend with named FX rewrite passes. Knows nothing of ComfyUI."""
 from .api import compile, stats
-from .cache import (CACHE_MODE_HELP, CACHE_MODES, CacheEntryError, CacheOptions, CacheOptionsError, CacheStore,
+from .cache import (CACHE_MODES, CacheEntryError, CacheOptions, CacheOptionsError, CacheStore,
                     CacheTrustError, default_cache_dir, describe_cache)
 from .lowering import LOWERINGS, MODE_HELP, MODES, Lowering
 from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailable_reason
@@ -20,5 +20,5 @@ __all__ = ["compile", "stats", "CompileOptions", "OptionsError", "ShapePolicyErr
            "build_options", "parse_expert_options", "MODES", "MODE_HELP", "LOWERINGS", "Lowering", "PASS_NAMES",
            "quantize", "quant_report", "QuantizeOptions", "QuantReport", "LayerPolicy", "parse_policy", "QuantizeError",
            "SCHEMES", "save_quantized", "load_quantized", "pop_quantized_layer", "stored_to_layer",
-           "CacheOptions", "CacheOptionsError", "CACHE_MODES", "CACHE_MODE_HELP", "CacheStore", "CacheTrustError",
+           "CacheOptions", "CacheOptionsError", "CACHE_MODES", "CacheStore", "CacheTrustError",
            "CacheEntryError", "default_cache_dir", "describe_cache", "expert_cache_options"]

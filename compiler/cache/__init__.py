@@ -6,10 +6,10 @@ who may put code in it, store.py for the directory. No ComfyUI here.
 from .describe import describe_cache
 from .graph_cache import CacheEvent, GraphCache
 from .key import differences, entry_fields, entry_key, environment_fields, explain_miss, graph_hash
-from .options import CACHE_MODE_HELP, CACHE_MODES, CacheOptions, CacheOptionsError, default_cache_dir
+from .options import CACHE_MODES, CacheOptions, CacheOptionsError, default_cache_dir
 from .store import CacheEntryError, CacheStore, Entry
 from .trust import CacheTrustError
 
-__all__ = ["describe_cache", "CacheEvent", "GraphCache", "CacheOptions", "CacheOptionsError", "CACHE_MODES", "CACHE_MODE_HELP",
+__all__ = ["describe_cache", "CacheEvent", "GraphCache", "CacheOptions", "CacheOptionsError", "CACHE_MODES",
            "default_cache_dir", "CacheStore", "Entry", "CacheEntryError", "CacheTrustError", "entry_fields", "entry_key",
            "environment_fields", "explain_miss", "differences", "graph_hash"]

@@ -52,7 +52,6 @@ class GraphCache:
         self.options = options
         self._store: Optional[CacheStore] = None
         self.unavailable = "" if options.mode != "off" else "cache off"
-        self._warned = False
 
     def store(self) -> Optional[CacheStore]:
         if self.unavailable:
@@ -63,15 +62,18 @@ class GraphCache:
             except CacheTrustError as exc:
                 self._disable(f"{exc}; compiling without the cache")
             except OSError as exc:
-                self._disable(f"cannot use the cache directory {self.options.root} ({exc.strerror or exc}); "
-                              "compiling without the cache")
+                self._disable_for(exc)
         return self._store
 
     def _disable(self, reason: str) -> None:
-        self.unavailable = reason
-        if not self._warned:
-            self._warned = True
+        """From now on this model compiles without the cache; the first reason is logged."""
+        if not self.unavailable:
             log.warning("Kiln: %s", reason)
+            self.unavailable = reason
+
+    def _disable_for(self, exc: OSError) -> None:
+        self._disable(f"cannot use the cache directory {self.options.root} ({exc.strerror or exc}); "
+                      "compiling without the cache")
 
     def lower(self, lower: Callable[[], tuple], fields: dict) -> tuple[Callable, str, CacheEvent]:
         """Run `lower()` (a Lowering.lower call returning (callable, name)) under the cache.
@@ -80,17 +82,29 @@ class GraphCache:
         label = fields.get("label", "graph")
         store = self.store()
         if store is None:
-            compiled, name = lower()
-            return compiled, name, CacheEvent(label, "off" if self.options.mode == "off" else "unavailable",
-                                              "" if self.options.mode == "off" else self.unavailable, key)
+            return self._without_cache(lower, label, key)
         entry, reason = None, ""
         if self.options.mode == "use":
             entry, reason = self._lookup(store, key, fields)
         else:
             reason = "refresh: stored entries ignored"
+        try:
+            work = store.work_dir()
+            if entry is not None:
+                write_files(work, entry.files)
+        except OSError as exc:
+            self._disable_for(exc)
+            return self._without_cache(lower, label, key)
         if entry is not None:
-            return self._lower_from(store, entry, lower, label)
-        return self._lower_and_store(store, key, fields, lower, "miss" if self.options.mode == "use" else "refresh", reason)
+            return self._lower_from(store, entry, work, lower, label)
+        compiled, name, seconds = _lower_in(work, lower)
+        outcome = "miss" if self.options.mode == "use" else "refresh"
+        return compiled, name, self._store_files(store, key, fields, work, seconds, outcome, reason)
+
+    def _without_cache(self, lower, label: str, key: str) -> tuple[Callable, str, CacheEvent]:
+        compiled, name = lower()
+        off = self.options.mode == "off"
+        return compiled, name, CacheEvent(label, "off" if off else "unavailable", "" if off else self.unavailable, key)
 
     def _lookup(self, store: CacheStore, key: str, fields: dict) -> tuple[Optional[Entry], str]:
         try:
@@ -108,20 +122,10 @@ class GraphCache:
             return None, cache_key.explain_miss(fields, [e.fields for _, e, _ in store.headers() if e is not None])
         return entry, ""
 
-    def _lower_from(self, store: CacheStore, entry: Entry, lower, label: str):
-        try:
-            work = store.work_dir()
-            write_files(work, entry.files)
-        except OSError as exc:
-            self._disable(f"cannot write in the cache directory {self.options.root} ({exc.strerror or exc}); "
-                          "compiling without the cache")
-            compiled, name = lower()
-            return compiled, name, CacheEvent(label, "unavailable", self.unavailable, entry.key)
+    def _lower_from(self, store: CacheStore, entry: Entry, work: str, lower, label: str):
+        """Lower with the entry's files in `work`: Inductor loads instead of compiling."""
         before = compat.inductor_cache_counts()
-        start = time.perf_counter()
-        with compat.inductor_persistent_caches(), compat.inductor_cache_dir(work):
-            compiled, name = lower()
-        seconds = time.perf_counter() - start
+        compiled, name, seconds = _lower_in(work, lower)
         after = compat.inductor_cache_counts()
         if after["fxgraph_cache_miss"] > before["fxgraph_cache_miss"] or after["fxgraph_cache_hit"] == before["fxgraph_cache_hit"]:
             log.warning("Kiln: cache entry %s for %s loaded, but Inductor did not find its graph in it and compiled; "
@@ -134,20 +138,6 @@ class GraphCache:
         event = CacheEvent(label, "hit", key=entry.key, entry_bytes=entry.size, seconds_saved=saved)
         log.info("Kiln: %s", event.line())
         return compiled, name, event
-
-    def _lower_and_store(self, store: CacheStore, key: str, fields: dict, lower, outcome: str, reason: str):
-        try:
-            work = store.work_dir()
-        except OSError as exc:
-            self._disable(f"cannot write in the cache directory {self.options.root} ({exc.strerror or exc}); "
-                          "compiling without the cache")
-            compiled, name = lower()
-            return compiled, name, CacheEvent(fields.get("label", "graph"), "unavailable", self.unavailable, key)
-        start = time.perf_counter()
-        with compat.inductor_persistent_caches(), compat.inductor_cache_dir(work):
-            compiled, name = lower()
-        seconds = time.perf_counter() - start
-        return compiled, name, self._store_files(store, key, fields, work, seconds, outcome, reason)
 
     def _store_files(self, store: CacheStore, key: str, fields: dict, work: str, seconds: float, outcome: str,
                      reason: str) -> CacheEvent:
@@ -162,9 +152,16 @@ class GraphCache:
         try:
             size = store.write(entry)
         except OSError as exc:
-            self._disable(f"cannot write to the cache directory {self.options.root} ({exc.strerror or exc}); "
-                          "compiling without the cache")
+            self._disable_for(exc)
             return CacheEvent(label, outcome, f"{reason}; not stored: {exc.strerror or exc}".lstrip("; "), key)
         event = CacheEvent(label, outcome, reason, key, entry_bytes=size)
         log.info("Kiln: %s", event.line())
         return event
+
+
+def _lower_in(work: str, lower) -> tuple[Callable, str, float]:
+    """`lower()` with Inductor's caches on and pointed at `work`; (callable, name, seconds)."""
+    start = time.perf_counter()
+    with compat.inductor_persistent_caches(), compat.inductor_cache_dir(work):
+        compiled, name = lower()
+    return compiled, name, time.perf_counter() - start

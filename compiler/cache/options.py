@@ -6,11 +6,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 CACHE_MODES = ("use", "refresh", "off")
-CACHE_MODE_HELP = {
-    "use": "load a matching entry instead of compiling; compile and store one when none matches",
-    "refresh": "ignore stored entries: compile, and replace the entry",
-    "off": "neither read nor write the cache",
-}
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -30,7 +25,8 @@ def default_cache_dir() -> str:
 @dataclass(frozen=True)
 class CacheOptions:
     """dir: the cache directory ("" = default_cache_dir()); never inside Kiln's own folder.
-    mode: "use" | "refresh" | "off" (CACHE_MODE_HELP).
+    mode: "use": load a matching entry instead of compiling, and store one when none matches;
+        "refresh": ignore stored entries, compile and replace the entry; "off": neither read nor write.
     max_gb: the directory's size cap; least recently used entries are evicted past it."""
 
     dir: str = ""

@@ -180,9 +180,6 @@ class CacheStore:
         for _, key, entry, problem in sorted(listing, key=lambda item: -item[0]):
             yield key, entry, problem
 
-    def total_bytes(self) -> int:
-        return sum(entry.size for _, entry, _ in self.headers() if entry is not None)
-
     def evict(self, keep: str = "") -> list[str]:
         """Drop least recently used entries until the directory fits `max_bytes`; drop temp files
         a crashed writer left. Returns the keys dropped."""
