@@ -41,9 +41,11 @@ class KilnCompileUNet:
                              "shapes: {specialize: buckets, max_variants: 4}, or cache: {dir: /fast/disk, max_gb: 50} "
                              "(what Kiln › Cache Graph sets)"}),
             },
+            "hidden": {"unique_id": "UNIQUE_ID"},  # the node shows each compile and shape variant as it happens
         }
 
-    def compile(self, model, mode="balanced", dynamic="auto", cuda_graphs=False, pin_shapes="", advanced=""):
+    def compile(self, model, mode="balanced", dynamic="auto", cuda_graphs=False, pin_shapes="", advanced="",
+                unique_id=None):
         from . import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
@@ -57,7 +59,7 @@ class KilnCompileUNet:
         if cache is not None and not cache.dir:  # ComfyUI's default, as Kiln › Cache Graph has it
             cache = compiler.CacheOptions(dir=cache_graph.default_dir(), mode=cache.mode, max_gb=cache.max_gb)
         parts = {"compile": options, **({"cache": cache} if cache is not None else {})}
-        patched, plan, note = plan_wrapper.declare(model, **parts)
+        patched, plan, note = plan_wrapper.declare(model, show_compile_on=str(unique_id or ""), **parts)
         kiln_model = compiler.model_for(model.get_model_object("diffusion_model"), plan)
         if kiln_model.stats.fallback:  # this model already failed to compile under this plan
             return self._eager(model, kiln_model.stats.fallback)

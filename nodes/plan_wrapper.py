@@ -35,11 +35,12 @@ def missing_extension_points() -> str:
     return ""
 
 
-def declare(model_patcher, show_cache_on: str = "", **part):
+def declare(model_patcher, show_cache_on: str = "", show_compile_on: str = "", **part):
     """A clone of `model_patcher` whose plan has `part` added, with Kiln's wrapper installed.
-    `show_cache_on`: the id of a node that shows each cache hit or miss as it happens (Cache Graph's);
-    a node declared later keeps the one set earlier. Returns (clone, plan, note); the note says if
-    core's TorchCompileModel wrapper was replaced."""
+    `show_cache_on` / `show_compile_on`: the ids of the nodes that show each cache hit or miss (Cache
+    Graph's) and each compile and shape variant (Compile UNet's) as they happen; a node declared later
+    keeps the ones set earlier. Returns (clone, plan, note); the note says if core's
+    TorchCompileModel wrapper was replaced."""
     from comfy.patcher_extension import WrappersMP
 
     from ..compiler import KilnPlan
@@ -50,15 +51,17 @@ def declare(model_patcher, show_cache_on: str = "", **part):
     patched.model_options[PLAN_KEY] = plan
     earlier = patched.get_wrappers(WrappersMP.APPLY_MODEL, WRAPPER_KEY)
     show_cache_on = show_cache_on or (earlier[0].show_cache_on if earlier else "")
-    return patched, plan, _install(patched, KilnApplyModel(plan, show_cache_on))
+    show_compile_on = show_compile_on or (earlier[0].show_compile_on if earlier else "")
+    return patched, plan, _install(patched, KilnApplyModel(plan, show_cache_on, show_compile_on))
 
 
 class KilnApplyModel:
     """The APPLY_MODEL wrapper: runs the diffusion model as the plan's KilnModel."""
 
-    def __init__(self, plan, show_cache_on: str = ""):
+    def __init__(self, plan, show_cache_on: str = "", show_compile_on: str = ""):
         self.plan = plan
-        self.show_cache_on = show_cache_on  # node id that shows cache hits and misses in ComfyUI's UI
+        self.show_cache_on = show_cache_on      # node id that shows cache hits and misses in ComfyUI's UI
+        self.show_compile_on = show_compile_on  # node id that shows compiles and shape variants
 
     def __call__(self, executor, *args, **kwargs):
         import comfy.utils
@@ -69,13 +72,27 @@ class KilnApplyModel:
         original = comfy.utils.get_attr(base_model, "diffusion_model")
         kiln_model = model_for(original, self.plan, progress=progress_bar())
         comfy.utils.set_attr(base_model, "diffusion_model", kiln_model)
-        events = len(kiln_model.stats.cache)
+        stats = kiln_model.stats
+        before = len(stats.cache), len(stats.compiles), len(stats.variants)
         try:
             return executor(*args, **kwargs)
         finally:
             comfy.utils.set_attr(base_model, "diffusion_model", original)
-            if self.show_cache_on and len(kiln_model.stats.cache) > events:
-                show_text(self.show_cache_on, "\n".join(e.line() for e in kiln_model.stats.cache[events:]))
+            cache, compiles, variants = before
+            if self.show_cache_on and len(stats.cache) > cache:
+                show_text(self.show_cache_on, "\n".join(e.line() for e in stats.cache[cache:]))
+            lines = [compile_line(c) for c in stats.compiles[compiles:]]
+            lines += [f"Kiln variant: {v.line()}" for v in stats.variants[variants:] if v.how != "reused"]
+            if self.show_compile_on and lines:
+                show_text(self.show_compile_on, "\n".join(lines))
+
+
+def compile_line(graph) -> str:
+    """One compile as Compile UNet shows it, and as `kiln queue` reads it back (its time and variant):
+    'Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes): first compile'."""
+    shapes = "dynamic shapes" if graph.dynamic else "static shapes"
+    return (f"Kiln compiled graph {graph.index} in {graph.capture_seconds + graph.seconds:.1f}s "
+            f"({graph.lowering}, {shapes}): {graph.reason}")
 
 
 def _install(model_patcher, wrapper) -> str:

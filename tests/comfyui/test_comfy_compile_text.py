@@ -1,0 +1,33 @@
+"""Kiln › Compile UNet shows each compile and new shape variant on itself in ComfyUI's UI (progress
+text to its node id), in the form `kiln queue` reads back. Runs when COMFYUI_PATH points at a ComfyUI
+tree; skips otherwise."""
+import os
+import re
+
+import pytest
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
+if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
+    pytest.skip("COMFYUI_PATH is not set to a ComfyUI tree", allow_module_level=True)
+pytest.importorskip("comfy.model_management")
+
+from kiln.nodes import plan_wrapper  # noqa: E402
+from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
+from comfy_testing import make_tiny_sd15_patcher, sample  # noqa: E402
+
+COMPILE_LINE = re.compile(r"^Kiln compiled graph (\d+) in ([0-9.]+)s \((fx|inductor[^,]*), (dynamic|static) shapes\): (.+)$")
+
+
+def test_compile_unet_shows_its_compiles_then_nothing_for_a_reused_shape(monkeypatch):
+    shown = []
+    monkeypatch.setattr(plan_wrapper, "show_text", lambda node, text: shown.append((node, text)))
+    model, _ = KilnCompileUNet().compile(make_tiny_sd15_patcher(seed=1), mode="fast", unique_id="11")
+    sample(model, steps=1)
+    assert shown and {node for node, _ in shown} == {"11"}
+    lines = [line for _, text in shown for line in text.splitlines()]
+    compiles = [COMPILE_LINE.match(line) for line in lines if line.startswith("Kiln compiled graph")]
+    assert compiles and all(compiles), lines
+    assert compiles[0].group(3) == "fx" and compiles[0].group(5) == "first compile"
+    shown.clear()
+    sample(model, steps=1)  # the same shape again: nothing compiled, nothing shown
+    assert shown == []
