@@ -2,6 +2,7 @@
 from .api import compile, stats
 from .cache import (CACHE_MODES, CacheEntryError, CacheOptions, CacheOptionsError, CacheStore,
                     CacheTrustError, default_cache_dir, describe_cache)
+from .method import MethodModule, label_of, method_module
 from .lowering import LOWERINGS, MODE_HELP, MODES, Lowering
 from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailable_reason
 from .options import CompileOptions, OptionsError, build_options, expert_cache_options, parse_expert_options
@@ -16,7 +17,7 @@ from .shape_policy import ShapePolicyError
 from .stats import GraphCompile, KilnStats
 
 __all__ = ["compile", "stats", "CompileOptions", "OptionsError", "ShapePolicyError", "KilnUnavailable", "KilnStats",
-           "GraphCompile", "KilnModel", "KilnPlan", "model_for", "unavailable_reason", "kernel_note",
+           "GraphCompile", "KilnModel", "MethodModule", "method_module", "label_of", "KilnPlan", "model_for", "unavailable_reason", "kernel_note",
            "build_options", "parse_expert_options", "MODES", "MODE_HELP", "LOWERINGS", "Lowering", "PASS_NAMES",
            "quantize", "quant_report", "QuantizeOptions", "QuantReport", "LayerPolicy", "parse_policy", "QuantizeError",
            "SCHEMES", "save_quantized", "load_quantized", "pop_quantized_layer", "stored_to_layer",

@@ -30,9 +30,10 @@ import torch
 from . import compat
 from .backend import KilnBackend
 from .cache import GraphCache
+from .method import label_of
 from .passes import Progress
 from .plan import KilnPlan
-from .shapes import mark_batch_and_resolution_dynamic, mark_schedule_dynamic
+from .shapes import contiguous_inputs, mark_batch_and_resolution_dynamic, mark_schedule_dynamic
 from .stats import KilnStats
 
 log = logging.getLogger("kiln")
@@ -69,7 +70,7 @@ def model_for(module: torch.nn.Module, plan: KilnPlan, progress: Optional[Progre
     if model is None:
         last = module.__dict__.get(_LAST_PLAN)
         if last is not None and last.key != key:
-            log.info("Kiln: %s has a new plan (%s); it compiles once for it", type(module).__name__,
+            log.info("Kiln: %s has a new plan (%s); it compiles once for it", label_of(module),
                      "; ".join(plan.changes_from(last)))
         model = models[key] = KilnModel(module, plan)
     module.__dict__[_LAST_PLAN] = plan
@@ -120,6 +121,7 @@ class KilnModel(torch.nn.Module):
         compiled = None if self.stats.fallback else self._compiled or self._prepare()
         if compiled is None:
             return module(*args, **kwargs)
+        args, kwargs = contiguous_inputs(args, kwargs)
         mark_schedule_dynamic(args, kwargs)
         if self.plan.compile.dynamic is None:  # auto: batch and resolution dynamic from the first compile
             mark_batch_and_resolution_dynamic(args, kwargs)
@@ -163,20 +165,20 @@ class KilnModel(torch.nn.Module):
         if note:
             log.warning("Kiln: %s", note)
             self.stats.warnings.append(note)
-        entry = _entry_function(f"kiln_{type(module).__name__}")
+        entry = _entry_function(f"kiln_{label_of(module).replace('.', '_')}")
         self._compiled_code = entry.__code__
         cache = GraphCache(self.plan.cache) if self.plan.cache is not None else None
         if cache is not None and not options.lowering.uses_inductor:
             note = f"Kiln's cache stores Inductor's work; mode {options.mode!r} has none (nothing is cached)"
             log.info("Kiln: %s", note)
             self.stats.warnings.append(note)
-        self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=type(module).__name__)
+        self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=label_of(module))
         self._compiled = torch.compile(entry, backend=self._backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
         return self._compiled
 
     def _fall_back(self, reason: str, exc: Optional[BaseException] = None) -> None:
         self.stats.fallback = reason
-        log.error("Kiln: %s -- %s runs eagerly from now on", reason, type(self.original).__name__,
+        log.error("Kiln: %s -- %s runs eagerly from now on", reason, label_of(self.original),
                   exc_info=exc)
 
 

@@ -33,6 +33,29 @@ def _tensors(value, depth: int = 1):
             yield from _tensors(item, depth - 1)
 
 
+def contiguous_inputs(args, kwargs):
+    """The call's tensor arguments, dense. Callers pass slices too (a VAE's tiles, the crops of
+    ComfyUI's area conditioning): TorchDynamo guards on their strides, so each new slicing would
+    recompile; a copy of a slice costs far less than the model run on it. A dense tensor in another
+    layout (channels-last, a transpose) is left as it is."""
+    def fix(value):
+        return value.contiguous() if isinstance(value, torch.Tensor) and not _dense(value) else value
+
+    return tuple(fix(a) for a in args), {k: fix(v) for k, v in kwargs.items()}
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """No gaps between its elements, in whatever dimension order (contiguous, channels-last, a transpose)."""
+    expected = 1
+    for stride, size in sorted(zip(tensor.stride(), tensor.shape)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def mark_batch_and_resolution_dynamic(args, kwargs) -> None:
     """Before a call of a compiled model: every input tensor whose first dimension is the batch
     (that of the first tensor argument) gets a dynamic first dimension, and the latent (the first

@@ -12,9 +12,9 @@ except Exception as _exc:  # noqa: BLE001  a broken compiler must not break Comf
     COMPILER_LOAD_ERROR = f"Kiln's compiler could not load ({type(_exc).__name__}: {_exc})"
     logging.getLogger("kiln").error("%s; Kiln nodes will pass models through eagerly", COMPILER_LOAD_ERROR)
 
-from . import cache_graph, compile_unet, quantize_model  # noqa: E402
+from . import cache_graph, compile_controlnet, compile_unet, compile_vae, quantize_model  # noqa: E402
 
-_NODES = (compile_unet, quantize_model, cache_graph)
+_NODES = (compile_unet, quantize_model, cache_graph, compile_vae, compile_controlnet)
 NODE_CLASS_MAPPINGS = {name: cls for module in _NODES for name, cls in module.NODE_CLASS_MAPPINGS.items()}
 NODE_DISPLAY_NAME_MAPPINGS = {name: text for module in _NODES for name, text in module.NODE_DISPLAY_NAME_MAPPINGS.items()}
 

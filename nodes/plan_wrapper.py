@@ -73,18 +73,50 @@ class KilnApplyModel:
         kiln_model = model_for(original, self.plan, progress=progress_bar())
         comfy.utils.set_attr(base_model, "diffusion_model", kiln_model)
         stats = kiln_model.stats
-        before = len(stats.cache), len(stats.compiles), len(stats.variants)
+        cache, compiles = len(stats.cache), compile_mark(stats)
         try:
             return executor(*args, **kwargs)
         finally:
             comfy.utils.set_attr(base_model, "diffusion_model", original)
-            cache, compiles, variants = before
             if self.show_cache_on and len(stats.cache) > cache:
                 show_text(self.show_cache_on, "\n".join(e.line() for e in stats.cache[cache:]))
-            lines = [compile_line(c) for c in stats.compiles[compiles:]]
-            lines += [f"Kiln variant: {v.line()}" for v in stats.variants[variants:] if v.how != "reused"]
-            if self.show_compile_on and lines:
-                show_text(self.show_compile_on, "\n".join(lines))
+            show_compiles_since(self.show_compile_on, stats, compiles)
+
+
+class ShowCompiles:
+    """A KilnModel to call in place of another model of a ComfyUI object (a VAE's decode, a
+    ControlNet's control_model): calls it, shows what each call compiled on the Kiln node `node_id`,
+    and reads every other attribute (dtype, ...) from it."""
+
+    def __init__(self, kiln_model, node_id: str = ""):
+        self.kiln_model = kiln_model
+        self.node_id = node_id
+
+    def __call__(self, *args, **kwargs):
+        mark = compile_mark(self.kiln_model.stats)
+        try:
+            return self.kiln_model(*args, **kwargs)
+        finally:
+            show_compiles_since(self.node_id, self.kiln_model.stats, mark)
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("kiln_model", "node_id"):  # copy/pickle probe before __init__
+            raise AttributeError(name)
+        return getattr(self.kiln_model, name)
+
+
+def compile_mark(stats) -> tuple[int, int]:
+    """Where a model's compiles and shape variants stand, to show what a call added."""
+    return len(stats.compiles), len(stats.variants)
+
+
+def show_compiles_since(node_id: str, stats, mark: tuple[int, int]) -> None:
+    """Show the compiles and new shape variants since `mark` on the node `node_id` (none: nothing)."""
+    compiles, variants = mark
+    lines = [compile_line(c) for c in stats.compiles[compiles:]]
+    lines += [f"Kiln variant: {v.line()}" for v in stats.variants[variants:] if v.how != "reused"]
+    if node_id and lines:
+        show_text(node_id, "\n".join(lines))
 
 
 def compile_line(graph) -> str:

@@ -98,3 +98,15 @@ def test_a_call_dynamo_leaves_eager_is_reported():
     info = kiln.stats(compiled)
     assert info.compile_count == 1 and info.eager_calls == 1
     assert "ran a call eagerly" in info.warnings[0] and "ran eagerly" in info.summary()
+
+
+def test_slices_are_made_dense_and_dense_layouts_are_kept():
+    from kiln.compiler.shapes import contiguous_inputs
+
+    x = torch.randn(2, 4, 9, 9)
+    tile = x[:, :, 1:6, 2:8]
+    channels_last = x.contiguous(memory_format=torch.channels_last)
+    transposed = x.transpose(2, 3)
+    (a, b, c), kw = contiguous_inputs((tile, channels_last, transposed), {"context": x, "flag": 3})
+    assert a.is_contiguous() and torch.equal(a, tile)
+    assert b is channels_last and c is transposed and kw["context"] is x and kw["flag"] == 3
