@@ -9,7 +9,7 @@ import pytest
 from kiln.cli import main
 from kiln.comfy_client import apply_sets, parse_shapes, with_shape
 
-WORKFLOW = Path(__file__).parents[2] / "workflows" / "kiln_cache_sd15_api.json"
+WORKFLOW = Path(__file__).parents[2] / "workflows" / "kiln_sd15_cache_api.json"
 
 
 class FakeComfy(BaseHTTPRequestHandler):
@@ -59,20 +59,20 @@ def server():
 
 def test_warm_queues_each_shape_with_one_step_and_previews(server, capsys):
     code = main(["warm", str(WORKFLOW), "--server", server, "--shapes", "1024x1024, 832x1216:2",
-                 "--set", "4.ckpt_name=sd_xl_base_1.0.safetensors"])
+                 "--set", "1.ckpt_name=sd_xl_base_1.0.safetensors"])
     assert code == 0, capsys.readouterr().out
     first, second = FakeComfy.prompts
     latent = [n for n in second.values() if n["class_type"] == "EmptyLatentImage"][0]["inputs"]
     assert (latent["width"], latent["height"], latent["batch_size"]) == (832, 1216, 2)
-    assert first["4"]["inputs"]["ckpt_name"] == "sd_xl_base_1.0.safetensors"
-    assert first["3"]["inputs"]["steps"] == 1
+    assert first["1"]["inputs"]["ckpt_name"] == "sd_xl_base_1.0.safetensors"
+    assert first["7"]["inputs"]["steps"] == 1
     assert first["9"]["class_type"] == "PreviewImage" and "filename_prefix" not in first["9"]["inputs"]
     assert "warmed 832x1216 batch 2" in capsys.readouterr().out
 
 
 def test_a_workflow_without_kilns_cache_is_warmed_with_a_note(server, capsys, tmp_path):
     workflow = json.loads(WORKFLOW.read_text())
-    workflow["13"]["inputs"]["cache"] = "off"
+    workflow["2"]["inputs"]["cache"] = "off"
     path = tmp_path / "no_cache.json"
     path.write_text(json.dumps(workflow))
     assert main(["warm", str(path), "--server", server, "--shapes", "512x512"]) == 0
