@@ -47,3 +47,17 @@ def lora_like_patches(patcher, scale=0.2, seed=5):
     gen = torch.Generator().manual_seed(seed)
     sd = patcher.model.state_dict()
     return {k: (torch.randn(sd[k].shape, generator=gen) * scale,) for k in sd if k.endswith(("to_q.weight", "to_v.weight"))}
+
+
+def save_tiny_controlnet(path, seed=0):
+    """A random-weight SD1.5 ControlNet that ComfyUI's ControlNetLoader reads (original layout, the
+    DETECTABLE_SD15 size), saved as a plain tensor dict (a .pth, as users' files are named)."""
+    import comfy.cldm.cldm
+
+    config = {k: v for k, v in DETECTABLE_SD15.items()
+              if k not in ("out_channels", "transformer_depth_output", "use_temporal_attention", "use_temporal_resblock")}
+    torch.manual_seed(seed)
+    network = comfy.cldm.cldm.ControlNet(hint_channels=3, **config)
+    for p in network.parameters():  # ComfyUI's ops leave weights uninitialised; the zero convs too
+        p.data.normal_(0, 0.02)
+    torch.save({"control_model." + k: v.contiguous() for k, v in network.state_dict().items()}, path)
