@@ -28,7 +28,7 @@ def uses_kiln_cache(workflow: dict) -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ...comfy_client import ComfyClient, ComfyError, apply_sets, parse_shapes, with_shape
+    from ...client.comfy import ComfyClient, ComfyError, apply_sets, parse_shapes, with_shape
 
     try:
         with open(args.workflow) as f:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kiln.cli import main
-from kiln.comfy_client import apply_sets, parse_shapes, with_shape
+from kiln.client.comfy import apply_sets, parse_shapes, with_shape
 
 WORKFLOW = Path(__file__).parents[2] / "workflows" / "kiln_sd15_cache_api.json"
 
@@ -115,7 +115,7 @@ def test_the_command_line_never_imports_comfyui():
     import subprocess
     import sys
 
-    code = ("import sys, kiln.cli, kiln.comfy_client, kiln.compiler.cache.warm, kiln.compiler.cache.commands\n"
+    code = ("import sys, kiln.cli, kiln.client.comfy, kiln.compiler.cache.warm, kiln.compiler.cache.commands\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('comfy', 'folder_paths', 'comfy_execution')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

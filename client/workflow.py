@@ -1,0 +1,356 @@
+"""ComfyUI workflows on the client side, standard library only: the UI format (what the frontend saves
+and a user drags onto the canvas) converted to the API format (what POST /prompt takes), and an
+API-format prompt checked against a server's node definitions (its /object_info) before it is queued.
+
+    api = ui_to_api(json.load(open("workflow.json")), object_info)   # same node ids as the UI file
+    for problem in check_prompt(api, object_info):
+        print(problem)   # "node 4 (CheckpointLoaderSimple): the server has no model named ..."
+
+The conversion does what ComfyUI's frontend does when it queues a workflow (v1.35, graphToPrompt):
+widget values are matched to the widget inputs in the node definition's input order; muted (mode 2)
+and bypassed (mode 4) nodes are left out, a link through a bypassed node goes on from its input of the
+same type; frontend-only nodes (Note, MarkdownNote, Reroute, PrimitiveNode) are followed or dropped.
+"""
+from __future__ import annotations
+
+import json
+
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+SEED_NAMES = ("seed", "noise_seed")  # INT inputs the frontend gives a "control after generate" widget by name
+MUTED, BYPASSED = 2, 4
+VIRTUAL_NODES = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}  # the frontend's own; never sent to the server
+# ComfyUI's V3 input types that the server resolves itself (match-type, multi-type, dynamic inputs):
+# they link to anything, and a dynamic input `name` also takes the inputs `name.<sub>`.
+DYNAMIC_TYPES = {"COMFY_AUTOGROW_V3", "COMFY_DYNAMICCOMBO_V3", "COMFY_DYNAMICSLOT_V3"}
+OPEN_TYPES = {"*", "", "COMFY_MATCHTYPE_V3", "COMFY_MULTITYPED_V3"} | DYNAMIC_TYPES
+# The folder a model-file input lists (object_info gives the files, not the folder), by input name.
+MODEL_FOLDERS = {"ckpt_name": "checkpoints", "lora_name": "loras", "vae_name": "vae", "unet_name": "diffusion_models",
+                 "clip_name": "text_encoders", "clip_name1": "text_encoders", "clip_name2": "text_encoders",
+                 "clip_name3": "text_encoders", "clip_name4": "text_encoders", "control_net_name": "controlnet",
+                 "style_model_name": "style_models", "gligen_name": "gligen", "hypernetwork_name": "hypernetworks",
+                 "config_name": "configs", "upscale_model_name": "upscale_models"}
+MODEL_FOLDERS_BY_CLASS = {("CLIPVisionLoader", "clip_name"): "clip_vision",
+                          ("UpscaleModelLoader", "model_name"): "upscale_models"}
+MODEL_EXTENSIONS = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".bin", ".gguf", ".onnx")
+
+
+class WorkflowError(ValueError):
+    """A workflow that cannot be converted or queued; the message names the node."""
+
+
+def is_ui_format(workflow) -> bool:
+    """True for the frontend's format ({"nodes": [...], "links": [...]}), False for the API format."""
+    return isinstance(workflow, dict) and isinstance(workflow.get("nodes"), list)
+
+
+# ---------------------------------------------------------------------------------------------------
+# node definitions (one entry of /object_info)
+
+def input_specs(info: dict) -> list[tuple[str, list]]:
+    """(name, spec) of a node's inputs in the order the frontend lays out its widgets (required, then
+    optional, each in `input_order` when the server gives it)."""
+    declared = info.get("input") or {}
+    order = info.get("input_order") or {}
+    specs = []
+    for section in ("required", "optional"):
+        inputs = declared.get(section) or {}
+        specs += [(name, inputs[name]) for name in order.get(section) or list(inputs) if name in inputs]
+    return specs
+
+
+def spec_options(spec) -> dict:
+    return spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+
+
+def spec_type(spec) -> str:
+    """An input's type: a list of options is a COMBO."""
+    return "COMBO" if isinstance(spec[0], list) else str(spec[0])
+
+
+def is_widget(spec) -> bool:
+    """The frontend shows this input as a widget (a value in widgets_values), not only as a socket."""
+    return spec_type(spec) in WIDGET_TYPES and not spec_options(spec).get("forceInput")
+
+
+def combo_options(spec):
+    """A combo input's options, or None for any other input (or a combo whose options the server fetches)."""
+    if isinstance(spec[0], list):
+        return spec[0]
+    options = spec_options(spec).get("options") if spec[0] == "COMBO" else None
+    return options if isinstance(options, list) else None
+
+
+def extra_widget_values(name: str, spec) -> int:
+    """How many values the frontend stores after this widget's own: 'control after generate' for an INT
+    (a seed's by default) and, for a combo, that and its filter list. (An upload button's value comes
+    after all the widgets: the frontend adds that input last.)"""
+    kind, options = spec_type(spec), spec_options(spec)
+    if kind == "INT" and options.get("control_after_generate", name in SEED_NAMES):
+        return 1
+    if kind == "COMBO" and options.get("control_after_generate"):
+        return 2
+    return 0
+
+
+def types_match(given: str, wanted: str) -> bool:
+    """A link carrying `given` may feed an input of type `wanted` (ComfyUI's rule: equal, either open
+    such as '*', or overlapping comma-separated lists like 'IMAGE,MASK')."""
+    given_set = {t.strip() for t in str(given).split(",")}
+    wanted_set = {t.strip() for t in str(wanted).split(",")}
+    return bool(given_set & wanted_set) or bool((given_set | wanted_set) & OPEN_TYPES)
+
+
+# ---------------------------------------------------------------------------------------------------
+# UI format -> API format
+
+def ui_to_api(workflow: dict, object_info: dict) -> dict:
+    """The API-format prompt the frontend would queue for a UI-format workflow, with the same node ids.
+    WorkflowError names every node the server has no definition for, or a broken link."""
+    if not is_ui_format(workflow):
+        raise WorkflowError("not a UI-format workflow (no 'nodes' list)")
+    if (workflow.get("definitions") or {}).get("subgraphs"):
+        raise WorkflowError("this workflow has subgraphs, which kiln cannot convert: export it with "
+                            "'Export (API)' in ComfyUI")
+    graph = _UiGraph(workflow, object_info)
+    unknown = [f"the server has no node '{node['type']}' (node {node_id}): is its node pack installed?"
+               for node_id, node in graph.nodes.items()
+               if _runs(node) and node["type"] not in object_info and node["type"] not in VIRTUAL_NODES]
+    if unknown:
+        raise WorkflowError("\n".join(unknown))
+    prompt = {node_id: graph.api_node(node_id) for node_id, node in sorted(graph.nodes.items(), key=_id_order)
+              if _runs(node) and node["type"] in object_info}
+    for node in prompt.values():  # as the frontend: an input from a node that does not run is left out
+        for name, value in list(node["inputs"].items()):
+            if _is_link(value) and value[0] not in prompt:
+                del node["inputs"][name]
+    return prompt
+
+
+def _runs(node: dict) -> bool:
+    return node.get("mode", 0) not in (MUTED, BYPASSED)
+
+
+def _id_order(item) -> tuple:
+    node_id = item[0]
+    return (0, int(node_id), "") if node_id.isdigit() else (1, 0, node_id)
+
+
+class _UiGraph:
+    """A UI-format workflow's nodes and links, and how a link resolves to the output it carries."""
+
+    def __init__(self, workflow: dict, object_info: dict):
+        self.object_info = object_info
+        self.nodes = {str(node["id"]): node for node in workflow["nodes"]}
+        self.links = {}  # link id -> (source node id, output slot)
+        for link in workflow.get("links") or []:
+            if isinstance(link, dict):  # the newer schema's links
+                self.links[link["id"]] = (str(link["origin_id"]), link["origin_slot"])
+            else:  # [id, origin node, origin slot, target node, target slot, type]
+                self.links[link[0]] = (str(link[1]), link[2])
+
+    def api_node(self, node_id: str) -> dict:
+        node = self.nodes[node_id]
+        info = self.object_info[node["type"]]
+        entries = {entry["name"]: entry for entry in node.get("inputs") or []}
+        values = node.get("widgets_values") or []
+        inputs, position = {}, 0
+        for name, spec in input_specs(info):
+            entry = entries.get(name) or {}
+            link = entry.get("link")
+            # A widget keeps its place in widgets_values when it is linked too (an input entry with a
+            # "widget" key); an input saved as a bare socket has none.
+            if is_widget(spec) and (link is None or "widget" in entry):
+                if isinstance(values, dict):  # some node packs save widget values by name
+                    if name in values:
+                        inputs[name] = _wrap(values[name])
+                else:
+                    if position < len(values):
+                        inputs[name] = _wrap(values[position])
+                    position += 1 + extra_widget_values(name, spec)
+            if link is not None:
+                source = self.resolve(link, entry.get("type", spec_type(spec)), f"node {node_id} input '{name}'")
+                if source is not None:
+                    inputs[name] = source
+        title = node.get("title") or info.get("display_name") or node["type"]
+        return {"inputs": inputs, "class_type": node["type"], "_meta": {"title": title}}
+
+    def resolve(self, link_id, wanted: str, where: str):
+        """[source node id, output slot] that a link delivers, through reroutes and bypassed nodes; a
+        PrimitiveNode's value; or None when nothing arrives (a bypassed node with no input of the type)."""
+        seen = set()
+        while True:
+            if link_id in seen:
+                raise WorkflowError(f"{where}: its links go round in a loop (link {link_id})")
+            seen.add(link_id)
+            if link_id not in self.links:
+                raise WorkflowError(f"{where}: link {link_id} is not in the workflow's links")
+            source_id, slot = self.links[link_id]
+            source = self.nodes.get(source_id)
+            if source is None:
+                raise WorkflowError(f"{where}: link {link_id} comes from node {source_id}, which is not in the workflow")
+            if source.get("mode", 0) == BYPASSED:
+                index = _bypass_input(source, slot, wanted)
+                if index is None:
+                    return None
+                link_id = source["inputs"][index].get("link")
+            elif source["type"] == "Reroute" and source["type"] not in self.object_info:
+                link_id = (source.get("inputs") or [{}])[0].get("link")
+            elif source["type"] == "PrimitiveNode" and source["type"] not in self.object_info:
+                values = source.get("widgets_values") or []
+                return _wrap(values[0]) if values else None
+            else:
+                return [source_id, slot]
+            if link_id is None:
+                return None
+
+
+def _bypass_input(node: dict, slot: int, wanted: str):
+    """The input of a bypassed node that its output `slot` passes through, for a link into an input of
+    type `wanted` (the frontend's rule: the same slot if its type fits, else the first input of exactly
+    that type, else the first that fits); None if none."""
+    inputs = node.get("inputs") or []
+    if not inputs:
+        return None
+    if wanted in ("*", ""):
+        return slot if slot < len(inputs) else 0
+    outputs = node.get("outputs") or []
+    given = outputs[slot].get("type", "*") if slot < len(outputs) else "*"
+
+    def fits(entry):
+        return types_match(entry.get("type", "*"), given) and types_match(entry.get("type", "*"), wanted)
+
+    if slot < len(inputs) and fits(inputs[slot]):
+        return slot
+    for index, entry in enumerate(inputs):
+        if entry.get("type") == wanted:
+            return index
+    return next((index for index, entry in enumerate(inputs) if fits(entry)), None)
+
+
+def _wrap(value):
+    """A list widget value is sent boxed, so the server does not read it as a link (as the frontend does)."""
+    return {"__value__": value} if isinstance(value, list) else value
+
+
+def _is_link(value) -> bool:
+    """[source node id, output index]: the server reads any such list as a link."""
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[1], int)
+
+
+# ---------------------------------------------------------------------------------------------------
+# checking an API-format prompt against the server's definitions
+
+def check_prompt(prompt: dict, object_info: dict) -> list[str]:
+    """What the server would refuse or could not run, each naming the node id and class: a node class
+    it lacks, a required input missing, an unknown input, a broken link, a link of the wrong type, a
+    combo value that is not one of its options (a model file the server does not have)."""
+    problems = []
+    for node_id, node in sorted(prompt.items(), key=_id_order):
+        if not isinstance(node, dict) or "class_type" not in node:
+            problems.append(f"node {node_id}: no class_type (is this an API-format workflow?)")
+            continue
+        kind = node["class_type"]
+        info = object_info.get(kind)
+        if info is None:
+            problems.append(f"the server has no node '{kind}' (node {node_id}): is its node pack installed?")
+            continue
+        problems += _check_node(f"node {node_id} ({kind})", node, info, prompt, object_info)
+    return problems
+
+
+def _check_node(where: str, node: dict, info: dict, prompt: dict, object_info: dict) -> list[str]:
+    declared = dict(input_specs(info))
+    sections = info.get("input") or {}
+    dynamic = {name for name, spec in declared.items() if spec_type(spec) in DYNAMIC_TYPES}
+    inputs = node.get("inputs") or {}
+    problems = [f"{where}: required input '{name}' is missing" for name in sections.get("required") or {}
+                if name not in inputs]
+    for name, value in inputs.items():
+        spec = declared.get(name)
+        if spec is None:
+            if name not in (sections.get("hidden") or {}) and name.split(".")[0] not in dynamic:
+                problems.append(f"{where}: unknown input '{name}' (it takes: {', '.join(declared) or 'none'})")
+        elif _is_link(value):
+            problems += _check_link(where, name, spec, value, prompt, object_info)
+        else:
+            problems += _check_value(where, node["class_type"], name, spec, value)
+    return problems
+
+
+def _check_link(where: str, name: str, spec, link: list, prompt: dict, object_info: dict) -> list[str]:
+    source_id, slot = link
+    source = prompt.get(source_id) if isinstance(source_id, str) else None  # the server looks ids up as strings
+    if not isinstance(source, dict):
+        return [f"{where}: input '{name}' links to node {source_id}, which the prompt does not have"]
+    source_info = object_info.get(source.get("class_type"))
+    if source_info is None:
+        return []  # that node's own problem says the server lacks it
+    outputs = source_info.get("output") or []
+    source_name = f"node {source_id} ({source['class_type']})"
+    if not 0 <= slot < len(outputs):
+        return [f"{where}: input '{name}' links to output {slot} of {source_name}, which has {len(outputs)} output(s)"]
+    given = "COMBO" if isinstance(outputs[slot], list) else outputs[slot]
+    if not types_match(given, spec_type(spec)):
+        return [f"{where}: input '{name}' takes {spec_type(spec)}, but output {slot} of {source_name} gives {given}"]
+    return []
+
+
+def _check_value(where: str, kind: str, name: str, spec, value) -> list[str]:
+    options = combo_options(spec)
+    if options is None or not isinstance(value, (str, int, float, bool)) or value in options:
+        return []
+    folder = MODEL_FOLDERS_BY_CLASS.get((kind, name)) or MODEL_FOLDERS.get(name)
+    has = _listing(options)
+    if folder:
+        return [f"{where}: the server has no model named '{value}' in {folder} (input {name}; it has {has})"]
+    if str(value).lower().endswith(MODEL_EXTENSIONS):
+        return [f"{where}: the server has no model file named '{value}' (input {name}; it has {has})"]
+    if spec_options(spec).get("image_upload"):
+        return [f"{where}: the server has no input image named '{value}' (input {name}; it has {has})"]
+    return [f"{where}: input '{name}' is {value!r}, which is not one of its options ({has})"]
+
+
+def _listing(options: list, most: int = 8) -> str:
+    if not options:
+        return "none"
+    shown = ", ".join(str(option) for option in options[:most])
+    return shown + (f" and {len(options) - most} more" if len(options) > most else "")
+
+
+# ---------------------------------------------------------------------------------------------------
+# definitions from node classes, without a server
+
+def object_info_from_classes(node_class_mappings: dict, display_names: dict | None = None) -> dict:
+    """/object_info-shaped definitions built from node classes (INPUT_TYPES(), RETURN_TYPES, RETURN_NAMES,
+    OUTPUT_NODE, CATEGORY ...) the way ComfyUI's server builds them, JSON round-tripped as the server
+    sends them, so Kiln's own nodes can be checked without a server. A class whose INPUT_TYPES() needs
+    ComfyUI (its model folders) raises ImportError naming it."""
+    return {name: _node_info(name, cls, display_names or {}) for name, cls in node_class_mappings.items()}
+
+
+def _node_info(name: str, cls, display_names: dict) -> dict:
+    if hasattr(cls, "GET_NODE_INFO_V1"):  # ComfyUI's V3 node classes describe themselves
+        return json.loads(json.dumps(cls.GET_NODE_INFO_V1()))
+    try:
+        declared = cls.INPUT_TYPES()
+    except ImportError as exc:
+        raise ImportError(f"{name}.INPUT_TYPES() needs ComfyUI: {exc}") from exc
+    outputs = list(cls.RETURN_TYPES)
+    info = {
+        "input": declared,
+        "input_order": {section: list(inputs) for section, inputs in declared.items()},
+        "output": outputs,
+        "output_is_list": list(getattr(cls, "OUTPUT_IS_LIST", [False] * len(outputs))),
+        "output_name": list(getattr(cls, "RETURN_NAMES", outputs)),
+        "name": name,
+        "display_name": display_names.get(name, name),
+        "description": getattr(cls, "DESCRIPTION", ""),
+        "python_module": getattr(cls, "RELATIVE_PYTHON_MODULE", "nodes"),
+        "category": getattr(cls, "CATEGORY", "sd"),
+        "output_node": getattr(cls, "OUTPUT_NODE", False) is True,
+    }
+    for attribute, key in (("OUTPUT_TOOLTIPS", "output_tooltips"), ("DEPRECATED", "deprecated"),
+                           ("EXPERIMENTAL", "experimental")):
+        if getattr(cls, attribute, None):
+            info[key] = getattr(cls, attribute)
+    return json.loads(json.dumps(info))
