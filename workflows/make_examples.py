@@ -5,7 +5,8 @@ ComfyUI's /prompt take), for SD1.5, SDXL and Flux.
     python workflows/make_examples.py --object-info object_info.json   # or --server http://127.0.0.1:8188
 
 The node definitions (widget order, input and output types) come from a ComfyUI's /object_info
-with Kiln installed. tests/nodes/test_workflows.py checks the files against the definitions, each UI
+with Kiln installed; the frontend's layout rules are kiln.client.workflow's (what `kiln queue` reads
+UI files with). tests/nodes/test_workflows.py checks the files against the definitions, each UI
 file against its twin, and runs the small ones in a real server.
 """
 from __future__ import annotations
@@ -14,6 +15,8 @@ import argparse
 import json
 import urllib.request
 from pathlib import Path
+
+from kiln.client.workflow import extra_widget_values, input_specs, is_widget, spec_options, spec_type
 
 HERE = Path(__file__).parent
 
@@ -172,32 +175,20 @@ def note_text(family: str, variant: str) -> str:
 
 # ---- API -> UI ------------------------------------------------------------------------------
 
-WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
-
-
-def is_widget(spec) -> bool:
-    return isinstance(spec[0], list) or spec[0] in WIDGET_TYPES
-
-
-def input_specs(info: dict) -> list[tuple[str, list]]:
-    """(name, spec) of a node's inputs in the order the frontend lays them out (required, then optional)."""
-    order = info.get("input_order", {})
-    specs = []
-    for section in ("required", "optional"):
-        declared = info["input"].get(section, {})
-        for name in order.get(section, list(declared)):
-            specs.append((name, declared[name]))
-    return specs
-
-
-def extra_widget_value(name: str, spec) -> list:
-    """The values the frontend stores after a widget: a seed's 'control after generate', an upload button's."""
-    options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
-    if options.get("control_after_generate") or (spec[0] == "INT" and name in ("seed", "noise_seed")):
-        return ["fixed"]
-    if options.get("image_upload"):
-        return ["image"]
-    return []
+def widget_values(node: dict, info: dict) -> list:
+    """A node's widgets_values as the frontend stores them: each widget's value (its default when the
+    API node leaves it out), a seed's 'control after generate' after it, an upload button's last."""
+    values, upload = [], []
+    for name, spec in input_specs(info):
+        value = node["inputs"].get(name)
+        if not is_widget(spec) or isinstance(value, list):
+            continue
+        extra = extra_widget_values(name, spec)
+        if extra > 1:
+            raise ValueError(f"{node['class_type']}.{name}: a combo with 'control after generate' is not laid out here")
+        values += [value if name in node["inputs"] else spec_options(spec).get("default")] + ["fixed"] * extra
+        upload += ["image"] if spec_options(spec).get("image_upload") else []
+    return values + upload
 
 
 def depths(api: dict) -> dict[str, int]:
@@ -223,14 +214,12 @@ def to_ui(api: dict, object_info: dict, note: str) -> dict:
     outputs_links: dict[tuple[str, int], list[int]] = {}
     for node_id, node in sorted(api.items(), key=lambda kv: (columns[kv[0]], int(kv[0]))):
         info = object_info[node["class_type"]]
-        inputs, widgets = [], []
+        inputs, widgets = [], widget_values(node, info)
         for name, spec in input_specs(info):
             value = node["inputs"].get(name)
             if is_widget(spec) and not isinstance(value, list):
-                default = spec[1].get("default") if len(spec) > 1 and isinstance(spec[1], dict) else None
-                widgets += [value if name in node["inputs"] else default, *extra_widget_value(name, spec)]
                 continue
-            entry = {"name": name, "type": spec[0] if isinstance(spec[0], str) else "COMBO", "link": None}
+            entry = {"name": name, "type": spec_type(spec), "link": None}
             if isinstance(value, list):
                 link_id = len(links) + 1
                 src, slot = value

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.client.workflow import input_specs, is_widget
 from kiln.nodes import NODE_CLASS_MAPPINGS
 
 FOLDER = Path(__file__).parents[2] / "workflows"
@@ -93,7 +94,7 @@ def test_kiln_widget_values_in_a_ui_file_are_its_twins_inputs(path):
         except ImportError:  # lists ComfyUI's model folders: checked against a real server
             continue
         info = {"input": {k: v for k, v in declared.items() if k != "hidden"}}
-        widgets = [name for name, spec in make_examples.input_specs(info) if make_examples.is_widget(spec)]
+        widgets = [name for name, spec in input_specs(info) if is_widget(spec)]
         assert dict(zip(widgets, node["widgets_values"])) == {
             k: v for k, v in api[str(node["id"])]["inputs"].items() if k in widgets}, f"{path.name} node {node['id']}"
 

@@ -1,0 +1,233 @@
+"""Kiln's example workflows against a real ComfyUI server started here (CPU), with Kiln installed as a
+custom node pack and the model files the workflows name made from random-weight stand-ins:
+
+- every API workflow passes the server's own node definitions (/object_info: every class, core's
+  and Kiln's, every required input, link types, model files), and every UI file converts to its API
+  twin with those definitions (and, where Chromium and selenium are installed, in ComfyUI's own
+  frontend, as a drag-and-drop does);
+- the SD1.5 workflows run (slow): tiny sizes, 2 steps, Kiln in mode fast, images saved, and the
+  compiled UNet's image equals the one the same workflow gives without Kiln's nodes.
+
+Runs when COMFYUI_PATH points at a ComfyUI tree that has the harness's random-weight SD1.5
+checkpoint and LoRA (../shared/comfy-harness/setup.sh); skips otherwise."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
+if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
+    pytest.skip("COMFYUI_PATH is not set to a ComfyUI tree", allow_module_level=True)
+COMFY = Path(COMFYUI_PATH)
+CHECKPOINT = COMFY / "models" / "checkpoints" / "rand_sd15_tiny.safetensors"
+LORA = COMFY / "models" / "loras" / "rand_lora_tiny.safetensors"
+if not CHECKPOINT.exists() or not LORA.exists():
+    pytest.skip("the harness's random-weight checkpoint and LoRA are missing (run comfy-harness/setup.sh)",
+                allow_module_level=True)
+
+from kiln.client.comfy import ComfyClient  # noqa: E402
+from kiln.client.workflow import check_prompt, ui_to_api  # noqa: E402
+from comfy_testing import save_tiny_controlnet  # noqa: E402
+
+REPO = Path(__file__).parents[2]
+FOLDER = REPO / "workflows"
+API_FILES = sorted(FOLDER.glob("*_api.json"))
+PORT = 8191
+
+
+def model_files(api_files) -> dict[str, set[str]]:
+    """{models folder: file names} the workflows name."""
+    folders = {"ckpt_name": "checkpoints", "unet_name": "diffusion_models", "lora_name": "loras",
+               "control_net_name": "controlnet", "vae_name": "vae", "clip_name1": "text_encoders",
+               "clip_name2": "text_encoders"}
+    names: dict[str, set[str]] = {}
+    for path in api_files:
+        for node in json.loads(path.read_text()).values():
+            for key, value in node["inputs"].items():
+                if key in folders and isinstance(value, str):
+                    names.setdefault(folders[key], set()).add(value)
+    return names
+
+
+def make_base_dir(base: Path) -> None:
+    """A ComfyUI base directory: Kiln as a custom node pack, and each model file the workflows name,
+    linked to a random-weight stand-in (the SD1.5 ones are real tiny models; SDXL and Flux names only
+    need to exist for the definition check)."""
+    (base / "custom_nodes").mkdir(parents=True)
+    (base / "custom_nodes" / "comfyui-kiln").symlink_to(REPO, target_is_directory=True)
+    (base / "input").mkdir()
+    shutil.copy(COMFY / "input" / "example.png", base / "input" / "example.png")
+    controlnet = base / "tiny_controlnet.pth"
+    save_tiny_controlnet(controlnet)
+    stand_ins = {"checkpoints": CHECKPOINT, "loras": LORA, "controlnet": controlnet}
+    for folder, names in model_files(API_FILES).items():
+        for name in names:
+            target = base / "models" / folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(stand_ins.get(folder, CHECKPOINT))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("comfy-base")
+    make_base_dir(base)
+    log = open(base / "server.log", "w")
+    process = subprocess.Popen(
+        [sys.executable, "main.py", "--cpu", "--base-directory", str(base), "--listen", "127.0.0.1",
+         "--port", str(PORT), "--preview-method", "none", "--disable-auto-launch", "--use-pytorch-cross-attention"],
+        cwd=COMFY, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{PORT}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/object_info/KSampler", timeout=5):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"ComfyUI did not start: {(base / 'server.log').read_text()[-3000:]}")
+                time.sleep(0.5)
+        assert "IMPORT FAILED" not in (base / "server.log").read_text(), (base / "server.log").read_text()[-3000:]
+        with urllib.request.urlopen(f"{url}/object_info", timeout=60) as response:
+            yield url, json.load(response), base
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+@pytest.mark.parametrize("path", API_FILES, ids=lambda p: p.name)
+def test_an_api_workflow_passes_the_servers_node_definitions(server, path):
+    _, object_info, _ = server
+    assert check_prompt(json.loads(path.read_text()), object_info) == []
+
+
+@pytest.mark.parametrize("path", API_FILES, ids=lambda p: p.name)
+def test_a_ui_file_converts_to_its_api_twin(server, path):
+    _, object_info, _ = server
+    ui = json.loads(path.with_name(path.name.replace("_api.json", ".json")).read_text())
+    got, want = ui_to_api(ui, object_info), json.loads(path.read_text())
+    assert {k: (v["class_type"], v["inputs"]) for k, v in got.items()} == \
+        {k: (v["class_type"], v["inputs"]) for k, v in want.items()}
+
+
+def test_comfyuis_own_frontend_loads_every_ui_file_as_its_api_twin(server):
+    """What a drag-and-drop does: the frontend loads the UI file and graphToPrompt() gives the prompt."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    if not shutil.which("chromium") or not shutil.which("chromedriver"):
+        pytest.skip("Chromium and chromedriver are not installed")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    url, _, _ = server
+    options = Options()
+    options.binary_location = shutil.which("chromium")
+    for arg in ("--headless=new", "--no-sandbox"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    driver.set_script_timeout(60)
+    try:
+        driver.get(url)
+        deadline = time.monotonic() + 60
+        while not driver.execute_script("return !!(window.app && window.app.graph)"):
+            assert time.monotonic() < deadline, "ComfyUI's frontend did not load"
+            time.sleep(0.5)
+        time.sleep(3)  # the frontend registers node definitions after app.graph exists
+        for path in API_FILES:
+            ui = json.loads(path.with_name(path.name.replace("_api.json", ".json")).read_text())
+            result = driver.execute_async_script("""
+                const [workflow, done] = arguments;
+                (async () => {
+                  try {
+                    await app.loadGraphData(workflow);
+                    const missing = workflow.nodes.map(n => n.type).filter(t => !LiteGraph.registered_node_types[t]);
+                    done({output: (await app.graphToPrompt()).output, missing});
+                  } catch (e) { done({error: String(e)}); }
+                })();""", ui)
+            assert "error" not in result and result["missing"] == [], (path.name, result)
+            want = json.loads(path.read_text())
+            assert {k: (v["class_type"], v["inputs"]) for k, v in result["output"].items()} == \
+                {k: (v["class_type"], v["inputs"]) for k, v in want.items()}, path.name
+    finally:
+        driver.quit()
+
+
+# ---- running the SD1.5 workflows ------------------------------------------------------------
+
+SMALL = {"EmptyLatentImage": {"width": 192, "height": 192}, "ImageScale": {"width": 224, "height": 160}}
+RUN = ["kiln_sd15_compile", "kiln_sd15_lora", "kiln_sd15_cache", "kiln_sd15_controlnet", "kiln_sd15_img2img",
+       "kiln_sd15_all"]
+
+
+def small(api: dict, base: Path) -> dict:
+    """The workflow at a tiny size, 2 steps, Kiln in mode fast, Kiln's cache in the test's folder."""
+    out = json.loads(json.dumps(api))
+    for node in out.values():
+        inputs = node["inputs"]
+        inputs.update(SMALL.get(node["class_type"], {}))
+        if node["class_type"] == "KSampler":
+            inputs["steps"] = 2
+        if node["class_type"].startswith("KilnCompile"):
+            inputs["mode"] = "fast"
+        if node["class_type"] == "KilnCacheGraph":
+            inputs["cache_dir"] = str(base / "kiln-cache")
+        if node["class_type"] == "KilnQuantizeModel":
+            inputs["scheme"] = "int8_weight"
+    return out
+
+
+COMPILING = ("KilnCompileUNet", "KilnCompileVAE", "KilnCompileControlNet", "KilnCacheGraph")
+
+
+def without_kiln(api: dict) -> dict:
+    """The same workflow, eager: Kiln's compile and cache nodes taken out (each one's consumers take its
+    input instead). Quantize Model stays: it changes the weights, which is not what is compared."""
+    out = json.loads(json.dumps(api))
+    kiln = {k: v for k, v in out.items() if v["class_type"] in COMPILING}
+    for node_id in kiln:
+        del out[node_id]
+
+    def source(link):
+        while link[0] in kiln:
+            link = next(v for v in kiln[link[0]]["inputs"].values() if isinstance(v, list))
+        return link
+
+    for node in out.values():
+        for name, value in node["inputs"].items():
+            if isinstance(value, list):
+                node["inputs"][name] = source(value)
+    return out
+
+
+def run(client: ComfyClient, prompt: dict, url: str) -> bytes:
+    record = client.wait(client.submit(prompt))
+    images = [image for output in record["outputs"].values() for image in output.get("images", [])]
+    assert len(images) == 1, record
+    query = urllib.parse.urlencode({k: images[0][k] for k in ("filename", "subfolder", "type")})
+    with urllib.request.urlopen(f"{url}/view?{query}", timeout=60) as response:
+        return response.read()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", RUN)
+def test_an_sd15_workflow_runs_and_gives_the_image_it_gives_without_kiln(server, stem):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    url, _, base = server
+    api = small(json.loads((FOLDER / f"{stem}_api.json").read_text()), base)
+    client = ComfyClient(url, timeout=900)
+    kiln_png, eager_png = run(client, api, url), run(client, without_kiln(api), url)
+    kiln_image, eager_image = (np.asarray(Image.open(io.BytesIO(png)), dtype=np.float64) for png in (kiln_png, eager_png))
+    mse = ((kiln_image - eager_image) ** 2).mean()
+    assert mse == 0 or 10 * np.log10(255 ** 2 / mse) >= 40, f"{stem}: PSNR {10 * np.log10(255 ** 2 / mse):.1f} dB"
+
