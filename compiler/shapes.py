@@ -9,7 +9,12 @@ symbolic batch, no size is left hard-coded from the batch it was traced at (oned
 and 1); Kiln's stats name that recompile's reason like any other.
 
 The latent's height and width (the last two dims of the first 4-D or 5-D input) are marked too,
-so a new resolution runs on the same graph with no compile. A model whose code branches on the
+so a new resolution runs on the same graph with no compile, and so are those of every other 4-D or
+5-D input of the same batch, nested ones included: ControlNet's residuals (ComfyUI passes them as
+`control={"input": [...], "middle": [...], "output": [...]}`, diffusers as
+`down_block_additional_residuals`), each at the resolution of the block it is added to. Left static,
+one residual added to the latent's dynamic activations pins the whole graph to the size it was
+traced at (seen on ComfyUI's UNet: with a ControlNet applied, every new resolution recompiled). A model whose code branches on the
 size (diffusers' UNet checks that it divides by its upsampling factor) gets one more graph for
 the other branch, with TorchDynamo's reason in the stats. Which resolutions deserve static
 kernels of their own is the shape manager's business (compiler/shape_manager.py).
@@ -21,8 +26,9 @@ import torch
 from . import compat
 
 
-def _tensors(value, depth: int = 1):
-    """Tensors in an argument: itself, or inside a dict/list/tuple (one level, e.g. added_cond_kwargs)."""
+def _tensors(value, depth: int = 2):
+    """Tensors in an argument: itself, or inside dicts/lists/tuples up to two levels (added_cond_kwargs,
+    ComfyUI's control dict of residual lists)."""
     if isinstance(value, torch.Tensor):
         yield value
     elif depth and isinstance(value, dict):
@@ -58,20 +64,27 @@ def _dense(tensor: torch.Tensor) -> bool:
 
 def mark_batch_and_resolution_dynamic(args, kwargs) -> None:
     """Before a call of a compiled model: every input tensor whose first dimension is the batch
-    (that of the first tensor argument) gets a dynamic first dimension, and the latent (the first
-    4-D or 5-D input) a dynamic height and width."""
+    (that of the first tensor argument) gets a dynamic first dimension; the latent (the first 4-D or
+    5-D input) and every other 4-D or 5-D input of its batch (ControlNet residuals) a dynamic height
+    and width."""
     inputs = [t for v in (*args, *kwargs.values()) for t in _tensors(v)]
     latent = next((t for t in inputs if t.dim() in (4, 5)), None)
     if latent is not None:
-        for dim in (-2, -1):
-            if latent.shape[dim] > 1:
-                compat.allow_any_size(latent, latent.dim() + dim)
+        for tensor in inputs:
+            if tensor is latent or (tensor.dim() in (4, 5) and tensor.shape[0] == latent.shape[0]):
+                _allow_any_resolution(tensor)
     batch = next((t.shape[0] for t in inputs if t.dim() > 0), None)
     if batch is None or batch < 2:
         return
     for tensor in inputs:
         if tensor.dim() > 0 and tensor.shape[0] == batch:
             compat.allow_any_size(tensor, 0)
+
+
+def _allow_any_resolution(tensor: torch.Tensor) -> None:
+    for dim in (tensor.dim() - 2, tensor.dim() - 1):
+        if tensor.shape[dim] > 1:
+            compat.allow_any_size(tensor, dim)
 
 
 # Keys under which a sampler passes its whole sigma schedule down to the model (ComfyUI's

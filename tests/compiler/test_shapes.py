@@ -62,6 +62,39 @@ def test_the_reason_is_found_for_a_torch_nn_container_too():
     assert info.recompiles[0].reason.startswith("recompile:"), info.recompiles[0].reason
 
 
+class WithResiduals(torch.nn.Module):
+    """ComfyUI's UNet with a ControlNet applied: residuals at each block's resolution, passed nested in
+    `control={"input": [...], "output": [...]}`, added to activations derived from the latent."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = torch.nn.Conv2d(4, 8, 3, stride=2, padding=1)
+        self.up = torch.nn.ConvTranspose2d(8, 4, 2, stride=2)
+
+    def forward(self, x, control=None):
+        h = self.down(x)
+        if control is not None:
+            h = h + control["input"][0]
+        out = self.up(h)
+        return out + control["output"][0] if control is not None else out
+
+
+def _residuals(b, h, w):
+    return torch.randn(b, 4, h, w), {"input": [torch.randn(b, 8, h // 2, w // 2)], "output": [torch.randn(b, 4, h, w)]}
+
+
+def test_nested_residuals_follow_the_batch_and_resolution():
+    """Left static, one residual pins the whole graph to the size it was traced at (ControlNet on
+    ComfyUI's UNet recompiled at every resolution): nested 4-D inputs of the batch are dynamic too."""
+    module = WithResiduals()
+    compiled = kiln.compile(module, mode="fast")
+    for b, h, w in [(2, 8, 8), (2, 12, 16), (4, 8, 8), (3, 16, 12)]:
+        x, control = _residuals(b, h, w)
+        assert rel_err(compiled(x, control=control), module(x, control=control)) < 1e-5
+    info = kiln.stats(compiled)
+    assert info.compile_count == 1 and info.compiles[0].dynamic, info.summary()
+
+
 def test_static_when_asked():
     module = BatchShaped()
     compiled = kiln.compile(module, mode="fast", dynamic=False)
