@@ -1,19 +1,39 @@
 """A client for a running ComfyUI's HTTP API, standard library only (never imports ComfyUI).
 
-`kiln warm` uses it to queue a workflow at each resolution and batch size ahead of time.
+`kiln queue` submits prompts, reads their history and downloads their images with it; `kiln warm`
+queues a workflow at each resolution and batch size ahead of time.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any, Optional
 
 
 class ComfyError(RuntimeError):
     """The server is unreachable, rejected a prompt, or a prompt failed; the message says which."""
+
+
+class ComfyUnreachable(ComfyError):
+    """No ComfyUI answers at the server address."""
+
+
+class PromptRejected(ComfyError):
+    """ComfyUI refused to queue the prompt (its node errors are in the message)."""
+
+
+class PromptFailed(ComfyError):
+    """The prompt was queued and failed (or was interrupted) while running."""
+
+
+class PromptTimedOut(ComfyError):
+    """The prompt did not finish in time; it may still be queued or running on the server."""
 
 
 class ComfyClient:
@@ -22,36 +42,90 @@ class ComfyClient:
         self.timeout = timeout
         self.client_id = uuid.uuid4().hex
 
-    def _request(self, path: str, body: Optional[dict] = None) -> Any:
+    def _open(self, path: str, body: Optional[dict] = None):
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.server + path, data=data, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return json.loads(response.read() or b"null")
+            return urllib.request.urlopen(request, timeout=60)
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")
-            raise ComfyError(_rejection(detail) if path == "/prompt" else f"{self.server}{path}: HTTP {exc.code}: {detail[:500]}") from None
+            if path == "/prompt":
+                raise PromptRejected(_rejection(detail)) from None
+            raise ComfyError(f"{self.server}{path}: HTTP {exc.code}: {detail[:500]}") from None
         except (urllib.error.URLError, OSError) as exc:
-            raise ComfyError(f"cannot reach ComfyUI at {self.server} ({getattr(exc, 'reason', exc)}): is it running?") from None
+            raise ComfyUnreachable(f"cannot reach ComfyUI at {self.server} ({getattr(exc, 'reason', exc)}): "
+                                   "is it running?") from None
+
+    def _request(self, path: str, body: Optional[dict] = None) -> Any:
+        with self._open(path, body) as response:
+            try:
+                return json.loads(response.read() or b"null")
+            except ValueError:
+                raise ComfyError(f"{self.server}{path} did not answer JSON: is this a ComfyUI server?") from None
+
+    def object_info(self) -> dict:
+        """The server's node definitions: {class name: {input, input_order, output, ...}}."""
+        return self._request("/object_info")
 
     def submit(self, prompt: dict) -> str:
-        """Queue an API-format prompt; its prompt id."""
+        """Queue an API-format prompt; its prompt id. PromptRejected with the node errors if refused."""
         answer = self._request("/prompt", {"prompt": prompt, "client_id": self.client_id})
         return answer["prompt_id"]
 
+    def history(self, prompt_id: str) -> Optional[dict]:
+        """A prompt's history record once it has finished (or failed); None before."""
+        record = (self._request(f"/history/{prompt_id}") or {}).get(prompt_id)
+        if record and record.get("status", {}).get("completed") is not None:
+            return record
+        return None
+
     def wait(self, prompt_id: str, poll: float = 0.5) -> dict:
-        """Wait for a prompt to finish; its history record. ComfyError if it failed or timed out."""
+        """Wait for a prompt to finish, polling its history; its history record. PromptFailed if it
+        failed, PromptTimedOut if it did not finish within the client's timeout."""
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
-            history = self._request(f"/history/{prompt_id}")
-            record = (history or {}).get(prompt_id)
-            if record and record.get("status", {}).get("completed") is not None:
-                status = record["status"]
-                if status.get("status_str") == "error":
-                    raise ComfyError(f"prompt {prompt_id} failed: {_execution_error(status)}")
-                return record
+            record = self.history(prompt_id)
+            if record is not None:
+                return check_record(prompt_id, record)
             time.sleep(poll)
-        raise ComfyError(f"prompt {prompt_id} did not finish within {self.timeout:.0f}s")
+        raise PromptTimedOut(f"prompt {prompt_id} did not finish within {self.timeout:.0f}s "
+                             "(it may still be queued or running on the server)")
+
+    def cancel(self, prompt_id: str) -> None:
+        """Take a prompt off the queue, or interrupt it if it is running."""
+        self._request("/queue", {"delete": [prompt_id]})
+        self._request("/interrupt", {"prompt_id": prompt_id})
+
+    def download(self, image: dict, folder: Path) -> Path:
+        """Save one output image ({filename, subfolder, type} from a history record) into `folder`
+        through GET /view; its path."""
+        query = urllib.parse.urlencode({"filename": image["filename"], "subfolder": image.get("subfolder", ""),
+                                        "type": image.get("type", "output")})
+        path = Path(folder) / Path(image["filename"]).name  # the server's name, never a path it chose
+        with self._open(f"/view?{query}") as response, open(path, "wb") as f:
+            shutil.copyfileobj(response, f)
+        return path
+
+    def websocket_url(self) -> str:
+        """ws(s)://HOST:PORT/ws?clientId=<this client's id>: the server's messages about our prompts."""
+        parts = urllib.parse.urlsplit(self.server)
+        scheme = "wss" if parts.scheme == "https" else "ws"
+        return f"{scheme}://{parts.netloc}{parts.path}/ws?clientId={self.client_id}"
+
+
+def check_record(prompt_id: str, record: dict) -> dict:
+    """A finished prompt's history record; PromptFailed if it says the prompt failed."""
+    status = record.get("status", {})
+    if status.get("status_str") == "error":
+        raise PromptFailed(f"prompt {prompt_id} failed: {_execution_error(status)}")
+    return record
+
+
+def output_images(record: dict) -> list[dict]:
+    """The images ({filename, subfolder, type}) a history record lists, by output node."""
+    outputs = record.get("outputs") or {}
+    return [image for node_id in sorted(outputs, key=lambda k: (len(k), k))
+            for image in outputs[node_id].get("images") or []]
 
 
 def _rejection(detail: str) -> str:
@@ -69,9 +143,17 @@ def _rejection(detail: str) -> str:
 
 def _execution_error(status: dict) -> str:
     for kind, data in status.get("messages", []):
-        if kind == "execution_error":
-            return f"node {data.get('node_id')} ({data.get('node_type')}): {data.get('exception_type')}: {data.get('exception_message', '').strip()}"
+        if kind in ("execution_error", "execution_interrupted"):
+            return execution_error_text(kind, data)
     return "see the server's log"
+
+
+def execution_error_text(kind: str, data: dict) -> str:
+    """What an execution_error or execution_interrupted message says, naming the node."""
+    node = f"node {data.get('node_id')} ({data.get('node_type')})"
+    if kind == "execution_interrupted":
+        return f"interrupted on the server at {node}"
+    return f"{node}: {data.get('exception_type')}: {str(data.get('exception_message', '')).strip()}"
 
 
 LATENT_NODES = ("EmptyLatentImage", "EmptySD3LatentImage")
@@ -100,12 +182,16 @@ def apply_sets(prompt: dict, sets: list[str]) -> dict:
         node, _, name = target.partition(".")
         if not _ or not name or node not in out:
             raise ValueError(f"--set {item!r}: use NODE.INPUT=VALUE with a node id of the workflow ({', '.join(sorted(out))})")
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            value = raw
-        out[node]["inputs"][name] = value
+        out[node]["inputs"][name] = parse_value(raw)
     return out
+
+
+def parse_value(raw: str):
+    """A command-line value: JSON (7, 7.5, true, "text", [..]) if it parses, else the text itself."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def with_shape(prompt: dict, width: int, height: int, batch: int, steps: Optional[int]) -> dict:

@@ -1,0 +1,161 @@
+"""Following one queued prompt to its end over ComfyUI's websocket: when it left the queue, which node
+runs and how far it is (for the progress bar), what Kiln's nodes said about compiling, and how it ended.
+
+ComfyUI's JSON messages (`{"type", "data"}`) carry the prompt id. Its binary messages start with a 4-byte
+big-endian event type; type 3 is a node's progress text: a 4-byte big-endian length, the node id, then
+the text (utf-8). Kiln's nodes use it for one line per compile, e.g.
+'Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes): first compile', 'Kiln variant: ...' lines
+and cache hits and misses.
+"""
+from __future__ import annotations
+
+import json
+import re
+import struct
+import time
+from dataclasses import dataclass, field
+
+from .comfy import ComfyClient, PromptFailed, PromptTimedOut, check_record, execution_error_text
+
+PROGRESS_TEXT = 3  # ComfyUI's BinaryEventTypes.TEXT
+COMPILE_LINE = re.compile(r"^Kiln compiled graph \S+ in ([0-9.]+)s \(([^)]*)\)")
+QUIET_SECONDS = 10.0  # with no message for this long, the history says whether the prompt ended unseen
+HISTORY_WAIT_SECONDS = 10.0  # the history record is written just after the prompt's last message
+
+
+@dataclass
+class PromptRun:
+    """One prompt's timings (time.monotonic() seconds) and what Kiln's nodes reported while it ran."""
+    prompt_id: str
+    submitted: float
+    started: float | None = None
+    finished: float | None = None
+    executed: list[str] = field(default_factory=list)
+    cached: list[str] = field(default_factory=list)
+    kiln_lines: list[str] = field(default_factory=list)
+    record: dict | None = None
+
+    @property
+    def queue_seconds(self) -> float | None:
+        return None if self.started is None else self.started - self.submitted
+
+    @property
+    def run_seconds(self) -> float | None:
+        return None if self.started is None or self.finished is None else self.finished - self.started
+
+    @property
+    def total_seconds(self) -> float | None:
+        return None if self.finished is None else self.finished - self.submitted
+
+    @property
+    def kiln_compile_seconds(self) -> float:
+        return sum(float(m.group(1)) for m in map(COMPILE_LINE.match, self.kiln_lines) if m)
+
+    @property
+    def kiln_variants(self) -> list[str]:
+        """The compiles' variants ('inductor, dynamic shapes'), each once, in order."""
+        return list(dict.fromkeys(m.group(2) for m in map(COMPILE_LINE.match, self.kiln_lines) if m))
+
+
+def follow(ws, client: ComfyClient, run: PromptRun, prompt: dict, display, deadline: float) -> PromptRun:
+    """Read the websocket until `run`'s prompt ends; its history record is then in run.record.
+    PromptFailed if it failed or was interrupted, PromptTimedOut at `deadline` (time.monotonic())."""
+    kiln_nodes = {node_id for node_id, node in prompt.items() if str(node.get("class_type", "")).startswith("Kiln")}
+    quiet_since = time.monotonic()
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            raise _timed_out(run, deadline)
+        message = ws.receive(timeout=min(deadline - now, 1.0))
+        if message is None:
+            if time.monotonic() - quiet_since >= QUIET_SECONDS:  # a missed end: the history knows
+                quiet_since = time.monotonic()
+                record = client.history(run.prompt_id)
+                if record is not None:
+                    run.finished = run.finished or time.monotonic()
+                    run.record = check_record(run.prompt_id, record)
+                    return run
+            continue
+        quiet_since = time.monotonic()
+        if isinstance(message, bytes):
+            _progress_text(message, run, kiln_nodes, display)
+        elif _event(json.loads(message), run, prompt, display):
+            run.record = _history(client, run)
+            return run
+
+
+def poll(client: ComfyClient, run: PromptRun, deadline: float) -> PromptRun:
+    """Without the websocket: wait for the prompt's history record (its total time only)."""
+    while True:
+        record = client.history(run.prompt_id)
+        if record is not None:
+            run.finished = time.monotonic()
+            run.record = check_record(run.prompt_id, record)
+            return run
+        if time.monotonic() >= deadline:
+            raise _timed_out(run, deadline)
+        time.sleep(0.25)
+
+
+def _timed_out(run: PromptRun, deadline: float) -> PromptTimedOut:
+    return PromptTimedOut(f"prompt {run.prompt_id} did not finish within {deadline - run.submitted:.0f}s "
+                          "(it may still be queued or running on the server)")
+
+
+def _event(message: dict, run: PromptRun, prompt: dict, display) -> bool:
+    """Take one JSON message into `run`; True when it ends the prompt."""
+    kind, data = message.get("type"), message.get("data") or {}
+    if data.get("prompt_id") != run.prompt_id:
+        return False  # status messages, and other prompts'
+    if kind == "execution_start":
+        run.started = time.monotonic()
+    elif kind == "execution_cached":
+        run.cached = [str(node) for node in data.get("nodes") or []]
+    elif kind == "executing" and data.get("node") is not None:
+        node_id = str(data["node"])
+        run.executed.append(node_id)
+        display.node(node_id, _title(prompt, node_id))
+    elif kind == "progress":
+        node_id = str(data.get("node"))
+        display.step(node_id, _title(prompt, node_id), data.get("value", 0), data.get("max", 0))
+    elif kind in ("execution_error", "execution_interrupted"):
+        run.finished = time.monotonic()
+        display.done()
+        raise PromptFailed(f"prompt {run.prompt_id} failed: {execution_error_text(kind, data)}")
+    elif kind == "execution_success" or kind == "executing" and data.get("node") is None:
+        run.finished = time.monotonic()
+        display.done()
+        return True
+    return False
+
+
+def _progress_text(message: bytes, run: PromptRun, kiln_nodes: set, display) -> None:
+    """A node's progress text; lines from Kiln's nodes while this prompt runs are kept."""
+    if len(message) < 8 or struct.unpack(">I", message[:4])[0] != PROGRESS_TEXT or run.started is None:
+        return  # previews and other binary messages, and text sent before this prompt started
+    length = struct.unpack(">I", message[4:8])[0]
+    node_id = message[8:8 + length].decode(errors="replace")
+    if node_id not in kiln_nodes:
+        return
+    for line in message[8 + length:].decode(errors="replace").splitlines():
+        if line.strip():
+            run.kiln_lines.append(line.strip())
+            display.note(line.strip())
+
+
+def _history(client: ComfyClient, run: PromptRun) -> dict:
+    """The finished prompt's history record (written just after its last message)."""
+    deadline = time.monotonic() + HISTORY_WAIT_SECONDS
+    while True:
+        record = client.history(run.prompt_id)
+        if record is not None:
+            return check_record(run.prompt_id, record)
+        if time.monotonic() > deadline:
+            raise PromptFailed(f"prompt {run.prompt_id} ended, but the server has no history record of it")
+        time.sleep(0.05)
+
+
+def _title(prompt: dict, node_id: str) -> str:
+    node = prompt.get(node_id) or {}
+    title = (node.get("_meta") or {}).get("title") or node.get("class_type") or "node"
+    return f"{title} ({node_id})"

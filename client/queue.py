@@ -1,0 +1,195 @@
+"""`kiln queue`: run a workflow through a running ComfyUI, headless, and say how long each prompt
+queued and ran and what Kiln compiled for it.
+
+    kiln queue workflow.json --server http://127.0.0.1:8188 --out images/
+    kiln queue workflow.json --sweep 3.seed=1,2,3 --sweep 5.batch_size=1,2 --json results.json
+
+The workflow is in API format (ComfyUI: Export (API)) or UI format (a saved workflow, converted with the
+server's node definitions; node ids stay the same). Before anything is queued it is checked against
+those definitions: a node, a model file or an input the server lacks stops it (exit 2). Each prompt is
+then submitted and followed over the websocket (progress on stderr) until it ends.
+Exit status: 0 all prompts ran, 1 a prompt failed or the server did not answer, 2 bad usage or workflow.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+from .comfy import (ComfyClient, ComfyError, ComfyUnreachable, PromptFailed, PromptRejected, PromptTimedOut,
+                    apply_sets, output_images, parse_value)
+from .follow import PromptRun, follow, poll
+from .progress_bar import ProgressBar
+from .report import Result, prompt_line, sweep_table
+from .websocket import WebSocket, WebSocketError
+from .workflow import check_prompt, is_ui_format, ui_to_api
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workflow", help="a workflow file: API format (ComfyUI: Export (API)) or UI format (a saved "
+                        "workflow, converted with the server's node definitions)")
+    parser.add_argument("--server", default="http://127.0.0.1:8188")
+    parser.add_argument("--set", action="append", default=[], metavar="NODE.INPUT=VALUE",
+                        help="change an input, e.g. --set 3.steps=4 (VALUE is JSON, else text; NODE is the node id, "
+                        "the same in a UI-format file)")
+    parser.add_argument("--sweep", action="append", default=[], metavar="NODE.INPUT=V1,V2,...",
+                        help="queue one prompt per value, e.g. --sweep 3.seed=1,2,3; several --sweep queue every "
+                        "combination")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N", help="queue each prompt N times (an unchanged "
+                        "prompt is served from ComfyUI's cache: sweep a seed to make each one run)")
+    parser.add_argument("--out", metavar="DIR", help="download each prompt's images into DIR")
+    parser.add_argument("--json", metavar="FILE", help="write one record per prompt (timings, Kiln's compiles, "
+                        "images) to FILE")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for each prompt (default 3600)")
+    parser.add_argument("--no-check", action="store_true", help="queue without checking the workflow against the "
+                        "server's node definitions first (the server still validates it)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        with open(args.workflow) as f:
+            workflow = json.load(f)
+        if not isinstance(workflow, dict):
+            raise ValueError(f"{args.workflow}: not a ComfyUI workflow (a JSON object of nodes)")
+        sweeps = [parse_sweep(item) for item in args.sweep]
+        if args.repeat < 1:
+            raise ValueError(f"--repeat {args.repeat}: give 1 or more")
+    except (OSError, ValueError) as exc:
+        return _fail(f"{args.workflow}: {exc}" if isinstance(exc, json.JSONDecodeError) else str(exc), 2)
+    client = ComfyClient(args.server, timeout=args.timeout)
+    try:
+        object_info = client.object_info()
+    except ComfyError as exc:
+        return _fail(str(exc), 1)
+    try:
+        prompt = apply_sets(ui_to_api(workflow, object_info) if is_ui_format(workflow) else workflow, args.set)
+        jobs = expand(prompt, sweeps, args.repeat)
+    except ValueError as exc:
+        return _fail(str(exc), 2)
+    if not args.no_check:
+        problems = list(dict.fromkeys(problem for _, job in jobs for problem in check_prompt(job, object_info)))
+        if problems:
+            return _fail("the server cannot run this workflow:\n  " + "\n  ".join(problems), 2)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    return run_all(client, jobs, args)
+
+
+def parse_sweep(item: str) -> tuple[str, list[str]]:
+    """'3.seed=1,2,3' -> ('3.seed', ['1', '2', '3'])."""
+    target, equals, raw = item.partition("=")
+    node, dot, name = target.partition(".")
+    values = [value.strip() for value in raw.split(",") if value.strip()]
+    if not equals or not dot or not node or not name or not values:
+        raise ValueError(f"--sweep {item!r}: use NODE.INPUT=V1,V2,..., e.g. --sweep 3.seed=1,2,3")
+    return target, values
+
+
+def expand(prompt: dict, sweeps: list[tuple[str, list[str]]], repeat: int) -> list[tuple[dict, dict]]:
+    """(swept settings, prompt) for every combination of the sweeps, each `repeat` times."""
+    jobs = []
+    for values in itertools.product(*(raw for _, raw in sweeps)):
+        targets = [target for target, _ in sweeps]
+        job = apply_sets(prompt, [f"{target}={value}" for target, value in zip(targets, values)])
+        settings = {target: parse_value(value) for target, value in zip(targets, values)}
+        jobs += [(settings, job)] * repeat
+    return jobs
+
+
+def run_all(client: ComfyClient, jobs: list[tuple[dict, dict]], args: argparse.Namespace) -> int:
+    ws = _open_websocket(client)
+    results, current = [], None
+    try:
+        for index, (settings, prompt) in enumerate(jobs, 1):
+            result = Result(index, settings, uses_kiln=any(str(n.get("class_type", "")).startswith("Kiln")
+                                                           for n in prompt.values()))
+            run = PromptRun("", time.monotonic())
+            current = run
+            try:
+                run.prompt_id = result.prompt_id = client.submit(prompt)
+                ws = _wait(client, ws, run, prompt, ProgressBar(f"prompt {index}/{len(jobs)}"),
+                           run.submitted + args.timeout)
+                _fill(result, run, ws is not None, client, args.out)
+            except (PromptRejected, PromptFailed) as exc:
+                result.status, result.error = ("rejected" if isinstance(exc, PromptRejected) else "failed"), str(exc)
+            except (ComfyUnreachable, PromptTimedOut) as exc:
+                result.status, result.error = ("timed out" if isinstance(exc, PromptTimedOut) else "failed"), str(exc)
+                results.append(result)
+                print(prompt_line(result, len(jobs)), flush=True)
+                break  # the server is gone, or busy with a prompt that did not end: the rest would fare no better
+            results.append(result)
+            print(prompt_line(result, len(jobs)), flush=True)
+        current = None
+    except KeyboardInterrupt:
+        return _interrupted(client, current)
+    except ComfyError as exc:  # an answer from the server that makes no sense (an HTTP error, not JSON)
+        return _fail(str(exc), 1)
+    finally:
+        if ws is not None:
+            ws.close()
+    if len(jobs) > 1:
+        print("\n" + sweep_table(results))
+    if len(results) < len(jobs):
+        print(f"kiln queue: stopped after prompt {len(results)} of {len(jobs)}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.as_json() for r in results], indent=2) + "\n")
+    return 0 if len(results) == len(jobs) and all(r.status == "ok" for r in results) else 1
+
+
+def _open_websocket(client: ComfyClient):
+    url = client.websocket_url()
+    try:
+        return WebSocket.connect(url, timeout=10)
+    except (OSError, WebSocketError) as exc:
+        print(f"kiln queue: cannot open ComfyUI's websocket at {url} ({exc}): following the prompts by polling "
+              "/history instead (no progress, no Kiln compile lines, each prompt's total time only)", file=sys.stderr)
+        return None
+
+
+def _wait(client: ComfyClient, ws, run: PromptRun, prompt: dict, bar: ProgressBar, deadline: float):
+    """Follow the prompt to its end; the websocket to use for the next one (None once it broke)."""
+    if ws is not None:
+        try:
+            follow(ws, client, run, prompt, bar, deadline)
+            return ws
+        except WebSocketError as exc:
+            bar.done()
+            print(f"kiln queue: the websocket broke ({exc}): following the prompts by polling /history from here "
+                  "(no progress, no Kiln compile lines, total times only)", file=sys.stderr)
+            run.started = None
+    poll(client, run, deadline)
+    return None
+
+
+def _fill(result: Result, run: PromptRun, followed: bool, client: ComfyClient, out) -> None:
+    result.queue_seconds, result.run_seconds, result.total_seconds = run.queue_seconds, run.run_seconds, run.total_seconds
+    if followed:
+        result.kiln_compile_seconds = run.kiln_compile_seconds
+        result.kiln_variants, result.kiln_lines = run.kiln_variants, run.kiln_lines
+        result.nothing_ran = not run.executed
+    images = output_images(run.record)
+    if out:
+        result.images, result.downloaded = [str(client.download(image, Path(out))) for image in images], True
+    else:
+        result.images = [image["filename"] for image in images]
+
+
+def _interrupted(client: ComfyClient, run) -> int:
+    if run is not None and run.prompt_id:
+        try:
+            client.cancel(run.prompt_id)
+            print(f"\nkiln queue: interrupted: prompt {run.prompt_id} taken off the server's queue (or stopped)",
+                  file=sys.stderr)
+        except ComfyError as exc:
+            print(f"\nkiln queue: interrupted; prompt {run.prompt_id} may still be on the server ({exc})", file=sys.stderr)
+    else:
+        print("\nkiln queue: interrupted", file=sys.stderr)
+    return 130
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"kiln queue: {message}", file=sys.stderr)
+    return code
