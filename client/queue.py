@@ -167,7 +167,7 @@ def _wait(client: ComfyClient, ws, run: PromptRun, prompt: dict, bar: ProgressBa
 def _fill(result: Result, run: PromptRun, followed: bool, client: ComfyClient, out) -> None:
     result.queue_seconds, result.run_seconds, result.total_seconds = run.queue_seconds, run.run_seconds, run.total_seconds
     if followed:
-        result.kiln_compile_seconds = run.kiln_compile_seconds
+        result.kiln_compile_seconds = run.kiln_compile_seconds if result.uses_kiln else None
         result.kiln_variants, result.kiln_lines = run.kiln_variants, run.kiln_lines
         result.nothing_ran = not run.executed
     images = output_images(run.record)

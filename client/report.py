@@ -26,7 +26,11 @@ class Result:
     nothing_ran: bool = False  # ComfyUI's cache had every output
 
     def as_json(self) -> dict:
-        return asdict(self)
+        record = asdict(self)
+        for key in ("queue_seconds", "run_seconds", "total_seconds", "kiln_compile_seconds"):
+            if record[key] is not None:
+                record[key] = round(record[key], 3)
+        return record
 
 
 def prompt_line(result: Result, count: int) -> str:
