@@ -73,8 +73,6 @@ def main(args: argparse.Namespace) -> int:
         problems = list(dict.fromkeys(problem for _, job in jobs for problem in check_prompt(job, object_info)))
         if problems:
             return _fail("the server cannot run this workflow:\n  " + "\n  ".join(problems), 2)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
     return run_all(client, jobs, args)
 
 
@@ -100,6 +98,10 @@ def expand(prompt: dict, sweeps: list[tuple[str, list[str]]], repeat: int) -> li
 
 
 def run_all(client: ComfyClient, jobs: list[tuple[dict, dict]], args: argparse.Namespace) -> int:
+    """Queue each (swept settings, prompt) in turn and report it; args has out, json and timeout.
+    The exit status: 0 if every prompt ran, else 1."""
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
     ws = _open_websocket(client)
     results, current = [], None
     try:
