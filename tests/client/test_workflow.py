@@ -149,3 +149,15 @@ def test_kilns_own_nodes_check_against_their_definitions():
     prompt["1"]["inputs"]["mode"] = "ludicrous"
     assert check_prompt(prompt, info) == [
         "node 1 (KilnCompileUNet): input 'mode' is 'ludicrous', which is not one of its options (fast, balanced, max)"]
+
+
+def test_an_upload_buttons_value_comes_after_all_the_widgets():
+    # ComfyUI's frontend adds the upload button as an input of its own, after every input in input_order:
+    # LoadImageMask saves [image, channel, "image"].
+    info = {"LoadImageMask": {"input": {"required": {"image": [["a.png", "b.png"], {"image_upload": True}],
+                                                     "channel": [["alpha", "red"]]}},
+                              "input_order": {"required": ["image", "channel"]}, "output": ["MASK"]}}
+    node = ui_node(1, "LoadImageMask", outputs=[out("MASK", "MASK", 0, [])], widgets=["b.png", "red", "image"])
+    assert ui_to_api({"nodes": [node], "links": []}, info)["1"]["inputs"] == {"image": "b.png", "channel": "red"}
+    assert check_prompt({"1": {"class_type": "LoadImageMask", "inputs": {"image": "c.png", "channel": "red"}}}, info) == [
+        "node 1 (LoadImageMask): the server has no input image named 'c.png' (input image; it has a.png, b.png)"]
