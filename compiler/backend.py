@@ -51,7 +51,9 @@ class KilnBackend:
 
     `code` is the code object TorchDynamo compiles (the model's entry function), named when
     TorchDynamo's recompile limit for it is reached. The reason for a recompile is the guard
-    failure TorchDynamo recorded during that call.
+    failure TorchDynamo recorded during that call; the graph breaks it hit while capturing a graph
+    (code it cannot trace, e.g. a patch calling `.item()`) are kept with that graph and logged once
+    per place, since the model then runs as several graphs with Python between them.
 
     `progress(what, done, total)` is the caller's: if it raises (ComfyUI's cancel button raises
     from its progress callback), the compile stops there and `interrupt` holds what it raised, so
@@ -74,6 +76,8 @@ class KilnBackend:
         self.calls = 0            # calls of the compiled module finished so far
         self.interrupt: Optional[BaseException] = None  # what the progress callback raised, if it did
         self._capture_from = None  # the call's start, or the end of its previous graph: TorchDynamo captures from then
+        self._breaks_seen = 0      # TorchDynamo's graph-break count at the same moment
+        self._breaks_logged: set[str] = set()
 
     def _reason(self) -> str:
         new, self._failures_seen = compat.guard_failures_since(self._failures_seen), compat.guard_failure_counts()
@@ -82,7 +86,21 @@ class KilnBackend:
         # failures of cache entries compiled by other backends (other kiln.compile / torch.compile
         # of the same forward) say BACKEND_MATCH: they are not this model's reason
         own = [f for f in new if "BACKEND_MATCH" not in f] or new
-        return f"recompile: {own[-1]}" if own else "another graph of the same call (graph break)"
+        # one failure per graph TorchDynamo checked, the newest graph's first: the graph that nearly
+        # served this call says what changed (the oldest may have failed long ago for another reason)
+        return f"recompile: {own[0]}" if own else "another graph of the same call (graph break)"
+
+    def _graph_breaks(self) -> list[str]:
+        """The graph breaks TorchDynamo hit while capturing this graph (it ends at the last one); each
+        place is logged once per model: what runs there runs in Python, between compiled graphs."""
+        breaks = list(dict.fromkeys(compat.graph_breaks_since(self._breaks_seen)))  # a restarted capture repeats one
+        for where in breaks:
+            if where not in self._breaks_logged:
+                self._breaks_logged.add(where)
+                log.warning("Kiln: %s: TorchDynamo breaks the graph at %s; the model runs as several compiled graphs "
+                            "with that code run by Python between them (slower than one graph; each piece is "
+                            "guarded and recompiled on its own)", self.label, where)
+        return breaks
 
     def report(self, what: str, done: int, total: int) -> None:
         """Tell the caller's progress callback; remember it if the callback raises (a cancel)."""
@@ -99,6 +117,7 @@ class KilnBackend:
     def before_call(self):
         self.interrupt = None
         self._capture_from = time.perf_counter()
+        self._breaks_seen = compat.graph_break_count()
         self._failures_seen = compat.guard_failure_counts()
         self._call_compiles = self.stats.compile_count
 
@@ -127,6 +146,7 @@ class KilnBackend:
         start = time.perf_counter()
         capture = start - (self._capture_from or start)
         reason = self._reason()
+        breaks = self._graph_breaks()
         device = _graph_device(example_inputs)
         if self.options.cuda_graphs and device != "cuda" and not self._warned_cuda_graphs:
             self._warned_cuda_graphs = True
@@ -164,9 +184,10 @@ class KilnBackend:
             index=index, reason=reason, lowering=lowering_name,
             input_shapes=_user_input_shapes(gm), nodes=len(gm.graph.nodes),
             rewrites={r.name: r.rewrites for r in results}, skipped={r.name: r.skipped for r in results if r.skipped},
-            seconds=time.perf_counter() - start, dynamic=dynamic, capture_seconds=capture,
+            seconds=time.perf_counter() - start, dynamic=dynamic, capture_seconds=capture, graph_breaks=breaks,
         )
         self._capture_from = time.perf_counter()
+        self._breaks_seen = compat.graph_break_count()
         self.stats.compiles.append(record)
         log.info("Kiln compiled %s", record.line())
         budget = self._budget(device)

@@ -103,12 +103,41 @@ def guard_failure_counts() -> dict:
 
 
 def guard_failures_since(counts: dict) -> list[str]:
-    """The guard failures recorded after `counts` was taken, on any code object, oldest first per code.
+    """The guard failures recorded after `counts` was taken, on any code object, in the order recorded
+    per code: a recompile records one per cached graph that failed, the newest graph first.
     TorchDynamo files them under the frame it compiles: the model's forward, or a wrapper frame of
     its own when that forward is torch.nn's (an nn.Sequential compiled as a whole)."""
     from torch._dynamo.utils import guard_failures as failures
 
     return [str(reason) for code, reasons in failures.items() for reason in reasons[counts.get(code, 0):]]
+
+
+def graph_break_count() -> int:
+    """How many graph breaks TorchDynamo has recorded in this process (`graph_break_reasons`, appended
+    as each break is hit, cleared by torch._dynamo.reset(); checked: torch 2.5 - 2.14)."""
+    from torch._dynamo.utils import graph_break_reasons
+
+    return len(graph_break_reasons)
+
+
+def graph_breaks_since(count: int) -> list[str]:
+    """The graph breaks recorded after `graph_break_count()` returned `count`, oldest first, each as
+    'where: what' with the innermost user frame, e.g. 'nodes_ipadapter.py:133 in __call__: Unsupported
+    Tensor.item() call with capture_scalar_outputs=False'."""
+    from torch._dynamo.utils import graph_break_reasons
+
+    new = graph_break_reasons[count:] if count <= len(graph_break_reasons) else graph_break_reasons  # after a reset
+    return [_describe_graph_break(reason) for reason in new]
+
+
+def _describe_graph_break(reason) -> str:
+    lines = str(reason.reason).strip().splitlines()
+    what = lines[0] if lines else "unknown reason"
+    if not reason.user_stack:
+        return what
+    frame = reason.user_stack[-1]
+    path = "/".join(str(frame.filename).replace("\\", "/").split("/")[-3:])
+    return f"{path}:{frame.lineno} in {frame.name}: {what}"
 
 
 def fake_value(node: torch.fx.Node):

@@ -10,14 +10,17 @@ and 1); Kiln's stats name that recompile's reason like any other.
 
 The latent's height and width (the last two dims of the first 4-D or 5-D input) are marked too,
 so a new resolution runs on the same graph with no compile, and so are those of every other 4-D or
-5-D input of the same batch, nested ones included: ControlNet's residuals (ComfyUI passes them as
-`control={"input": [...], "middle": [...], "output": [...]}`, diffusers as
-`down_block_additional_residuals`), each at the resolution of the block it is added to. Left static,
-one residual added to the latent's dynamic activations pins the whole graph to the size it was
-traced at (seen on ComfyUI's UNet: with a ControlNet applied, every new resolution recompiled). A model whose code branches on the
-size (diffusers' UNet checks that it divides by its upsampling factor) gets one more graph for
-the other branch, with TorchDynamo's reason in the stats. Which resolutions deserve static
-kernels of their own is the shape manager's business (compiler/shape_manager.py).
+5-D input of the same batch or of a batch of 1 (broadcast), nested ones included: ControlNet's
+residuals (ComfyUI passes them as `control={"input": [...], "middle": [...], "output": [...]}`,
+diffusers as `down_block_additional_residuals`), each at the resolution of the block it is added
+to, and a ControlNet's hint image (batch 1 when one hint serves the whole batch). Left static, one
+residual added to the latent's dynamic activations pins the whole graph to the size it was traced
+at (seen on ComfyUI's UNet: with a ControlNet applied, every new resolution recompiled).
+
+A model whose code branches on the size (diffusers' UNet checks that it divides by its upsampling
+factor) gets one more graph for the other branch, with TorchDynamo's reason in the stats. Which
+resolutions deserve static kernels of their own is the shape manager's business
+(compiler/shape_manager.py).
 """
 from __future__ import annotations
 
@@ -65,13 +68,13 @@ def _dense(tensor: torch.Tensor) -> bool:
 def mark_batch_and_resolution_dynamic(args, kwargs) -> None:
     """Before a call of a compiled model: every input tensor whose first dimension is the batch
     (that of the first tensor argument) gets a dynamic first dimension; the latent (the first 4-D or
-    5-D input) and every other 4-D or 5-D input of its batch (ControlNet residuals) a dynamic height
-    and width."""
+    5-D input) and every other 4-D or 5-D input of its batch or of a batch of 1 (ControlNet residuals,
+    a hint image) a dynamic height and width."""
     inputs = [t for v in (*args, *kwargs.values()) for t in _tensors(v)]
     latent = next((t for t in inputs if t.dim() in (4, 5)), None)
     if latent is not None:
         for tensor in inputs:
-            if tensor is latent or (tensor.dim() in (4, 5) and tensor.shape[0] == latent.shape[0]):
+            if tensor is latent or (tensor.dim() in (4, 5) and tensor.shape[0] in (latent.shape[0], 1)):
                 _allow_any_resolution(tensor)
     batch = next((t.shape[0] for t in inputs if t.dim() > 0), None)
     if batch is None or batch < 2:

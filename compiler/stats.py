@@ -20,11 +20,13 @@ class GraphCompile:
     seconds: float                  # passes + lowering (TorchDynamo's tracing is not included)
     dynamic: bool = False           # the graph has symbolic shapes
     capture_seconds: float = 0.0    # TorchDynamo's capture before Kiln's backend got the graph
+    graph_breaks: list[str] = field(default_factory=list)  # breaks hit capturing it ('where: what'); it ends at the last
 
     def line(self) -> str:
         fired = ", ".join(f"{k} x{v}" for k, v in self.rewrites.items() if v) or "none"
         return (f"graph {self.index}: {self.nodes} nodes, inputs {self.input_shapes}{' (dynamic)' if self.dynamic else ''}, "
-                f"captured in {self.capture_seconds:.1f}s, lowered by {self.lowering} in {self.seconds:.1f}s; passes fired: {fired}; reason: {self.reason}")
+                f"captured in {self.capture_seconds:.1f}s, lowered by {self.lowering} in {self.seconds:.1f}s; passes fired: {fired}; reason: {self.reason}"
+                + (f"; ends at graph break {self.graph_breaks[-1]}" if self.graph_breaks else ""))
 
 
 @dataclass
@@ -67,6 +69,12 @@ class KilnStats:
         return len(self.compiles)
 
     @property
+    def graph_breaks(self) -> dict[str, int]:
+        """Where TorchDynamo broke the model's graph and why ('file:line in function: what'), with how
+        many captured graphs hit each: code there runs in Python between compiled graphs."""
+        return dict(Counter(b for c in self.compiles for b in c.graph_breaks))
+
+    @property
     def recompiles(self) -> list[GraphCompile]:
         """Graphs compiled because a guard failed (shape, dtype, grad mode...), with the reason."""
         return [c for c in self.compiles if c.reason.startswith("recompile")]
@@ -88,6 +96,7 @@ class KilnStats:
             lines.append(f"RUNNING EAGER: {self.fallback}")
         if self.eager_calls:
             lines.append(f"{self.eager_calls} call(s) ran eagerly: {self.warnings[0]}")
+        lines += [f"  graph break at {where} ({n} graph(s))" for where, n in self.graph_breaks.items()]
         lines += ["  " + c.line() for c in self.compiles]
         if self.variants:
             counts = ", ".join(f"{n} {how}" for how, n in self.variant_counts().items())
@@ -104,6 +113,6 @@ class KilnStats:
     def as_dict(self) -> dict:
         return {"options": self.options, "fallback": self.fallback, "eager_calls": self.eager_calls,
                 "warnings": self.warnings, "compiles": [asdict(c) for c in self.compiles],
-                "pass_counts": self.pass_counts, "recompiles": len(self.recompiles),
+                "pass_counts": self.pass_counts, "recompiles": len(self.recompiles), "graph_breaks": self.graph_breaks,
                 "variants": [asdict(v) for v in self.variants], "evictions": self.evictions,
                 "cache": [asdict(event) for event in self.cache]}

@@ -95,6 +95,26 @@ def test_nested_residuals_follow_the_batch_and_resolution():
     assert info.compile_count == 1 and info.compiles[0].dynamic, info.summary()
 
 
+class WithHint(torch.nn.Module):
+    """A ControlNet: one hint image (batch 1, 2x the latent's size here) broadcast over the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.hint = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+
+    def forward(self, x, hint):
+        return x + self.hint(hint)
+
+
+def test_a_hint_of_batch_one_follows_the_resolution():
+    module = WithHint()
+    compiled = kiln.compile(module, mode="fast")
+    for b, h, w in [(2, 8, 8), (2, 12, 16), (4, 10, 8)]:
+        x, hint = torch.randn(b, 4, h, w), torch.randn(1, 3, 2 * h, 2 * w)
+        assert rel_err(compiled(x, hint), module(x, hint)) < 1e-5
+    assert kiln.stats(compiled).compile_count == 1, kiln.stats(compiled).summary()
+
+
 def test_static_when_asked():
     module = BatchShaped()
     compiled = kiln.compile(module, mode="fast", dynamic=False)
