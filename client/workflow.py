@@ -237,6 +237,31 @@ def _is_link(value) -> bool:
     return isinstance(value, list) and len(value) == 2 and isinstance(value[1], int)
 
 
+# Kiln's nodes that only compile or cache (what they return computes what their input computes)
+KILN_COMPILE_NODES = ("KilnCompileUNet", "KilnCompileVAE", "KilnCompileControlNet", "KilnCacheGraph")
+
+
+def without_nodes(prompt: dict, class_types) -> dict:
+    """A copy of an API-format prompt with the nodes of these classes taken out, each one's consumers
+    wired to its first linked input instead (for pass-through nodes: the MODEL, VAE or CONTROL_NET it
+    wraps). `without_nodes(prompt, KILN_COMPILE_NODES)` is the same workflow run eagerly."""
+    out = json.loads(json.dumps(prompt))
+    removed = {k: out.pop(k) for k in [k for k, v in out.items() if v["class_type"] in class_types]}
+
+    def source(link):
+        while link[0] in removed:
+            node_id = link[0]
+            link = next((v for v in removed[node_id]["inputs"].values() if _is_link(v)), None)
+            if link is None:
+                raise WorkflowError(f"node {node_id} ({removed[node_id]['class_type']}) has no linked input "
+                                    "to pass through")
+        return link
+
+    for node in out.values():
+        node["inputs"] = {k: source(v) if _is_link(v) else v for k, v in node["inputs"].items()}
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------
 # checking an API-format prompt against the server's definitions
 

@@ -3,12 +3,13 @@ preview, a seed with its 'control after generate' value, a widget fed by a node)
 frontend converts it (the same file through frontend 1.35's graphToPrompt gives UI_EXPECTED), and
 check_prompt's problems, each naming node and class."""
 import json
+from pathlib import Path
 
 import pytest
 
 from fake_comfy import OBJECT_INFO, UI_EXPECTED, UI_WORKFLOW, out, socket, ui_node
-from kiln.client.workflow import (WorkflowError, check_prompt, is_ui_format, object_info_from_classes,
-                                  ui_to_api)
+from kiln.client.workflow import (KILN_COMPILE_NODES, WorkflowError, check_prompt, is_ui_format,
+                                  object_info_from_classes, ui_to_api, without_nodes)
 
 
 def test_a_ui_workflow_converts_as_the_frontend_does():
@@ -161,3 +162,26 @@ def test_an_upload_buttons_value_comes_after_all_the_widgets():
     assert ui_to_api({"nodes": [node], "links": []}, info)["1"]["inputs"] == {"image": "b.png", "channel": "red"}
     assert check_prompt({"1": {"class_type": "LoadImageMask", "inputs": {"image": "c.png", "channel": "red"}}}, info) == [
         "node 1 (LoadImageMask): the server has no input image named 'c.png' (input image; it has a.png, b.png)"]
+
+
+def test_without_nodes_takes_kilns_compile_nodes_out_and_rewires_their_consumers():
+    prompt = json.loads((Path(__file__).parents[2] / "workflows" / "kiln_sd15_all_api.json").read_text())
+    eager = without_nodes(prompt, KILN_COMPILE_NODES)
+    assert {v["class_type"] for v in eager.values()} == {v["class_type"] for v in prompt.values()} - set(KILN_COMPILE_NODES)
+    assert "KilnQuantizeModel" in {v["class_type"] for v in eager.values()}  # changes the weights: stays
+    for node in eager.values():
+        for value in node["inputs"].values():
+            if isinstance(value, list):
+                assert value[0] in eager, (node, value)
+    sampler = next(v for v in eager.values() if v["class_type"] == "KSampler")
+    assert eager[sampler["inputs"]["model"][0]]["class_type"] == "KilnQuantizeModel"
+    decode = next(v for v in eager.values() if v["class_type"] == "VAEDecode")
+    assert eager[decode["inputs"]["vae"][0]]["class_type"] == "CheckpointLoaderSimple"
+    assert prompt != eager and any(v["class_type"] == "KilnCompileUNet" for v in prompt.values())  # a copy
+
+
+def test_without_nodes_names_a_node_with_nothing_to_pass_through():
+    prompt = {"1": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+              "2": {"class_type": "SaveLatent", "inputs": {"samples": ["1", 0]}}}
+    with pytest.raises(WorkflowError, match=r"node 1 \(EmptyLatentImage\) has no linked input"):
+        without_nodes(prompt, {"EmptyLatentImage"})

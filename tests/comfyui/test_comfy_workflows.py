@@ -33,7 +33,7 @@ if not CHECKPOINT.exists() or not LORA.exists():
                 allow_module_level=True)
 
 from kiln.client.comfy import ComfyClient  # noqa: E402
-from kiln.client.workflow import check_prompt, ui_to_api  # noqa: E402
+from kiln.client.workflow import KILN_COMPILE_NODES, check_prompt, ui_to_api, without_nodes  # noqa: E402
 from comfy_testing import save_tiny_controlnet  # noqa: E402
 
 REPO = Path(__file__).parents[2]
@@ -183,29 +183,6 @@ def small(api: dict, base: Path) -> dict:
     return out
 
 
-COMPILING = ("KilnCompileUNet", "KilnCompileVAE", "KilnCompileControlNet", "KilnCacheGraph")
-
-
-def without_kiln(api: dict) -> dict:
-    """The same workflow, eager: Kiln's compile and cache nodes taken out (each one's consumers take its
-    input instead). Quantize Model stays: it changes the weights, which is not what is compared."""
-    out = json.loads(json.dumps(api))
-    kiln = {k: v for k, v in out.items() if v["class_type"] in COMPILING}
-    for node_id in kiln:
-        del out[node_id]
-
-    def source(link):
-        while link[0] in kiln:
-            link = next(v for v in kiln[link[0]]["inputs"].values() if isinstance(v, list))
-        return link
-
-    for node in out.values():
-        for name, value in node["inputs"].items():
-            if isinstance(value, list):
-                node["inputs"][name] = source(value)
-    return out
-
-
 def run(client: ComfyClient, prompt: dict, url: str) -> bytes:
     record = client.wait(client.submit(prompt))
     images = [image for output in record["outputs"].values() for image in output.get("images", [])]
@@ -226,7 +203,7 @@ def test_an_sd15_workflow_runs_and_gives_the_image_it_gives_without_kiln(server,
     url, _, base = server
     api = small(json.loads((FOLDER / f"{stem}_api.json").read_text()), base)
     client = ComfyClient(url, timeout=900)
-    kiln_png, eager_png = run(client, api, url), run(client, without_kiln(api), url)
+    kiln_png, eager_png = run(client, api, url), run(client, without_nodes(api, KILN_COMPILE_NODES), url)
     kiln_image, eager_image = (np.asarray(Image.open(io.BytesIO(png)), dtype=np.float64) for png in (kiln_png, eager_png))
     mse = ((kiln_image - eager_image) ** 2).mean()
     assert mse == 0 or 10 * np.log10(255 ** 2 / mse) >= 40, f"{stem}: PSNR {10 * np.log10(255 ** 2 / mse):.1f} dB"

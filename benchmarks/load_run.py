@@ -1,0 +1,210 @@
+"""The load run: 50 prompts through `kiln queue`'s client against a running ComfyUI with Kiln installed,
+mixing resolutions, batch sizes, a LoRA on and off and ControlNet strengths (0 included), each one
+also run without Kiln's compile nodes; every image must equal the eager one (PSNR >= 40 dB), no
+prompt may fail, and the number of Kiln compiles must stay bounded. Prints the time per prompt and
+every compile.
+
+    python -m kiln.benchmarks.load_run --server http://127.0.0.1:8188 \\
+        --checkpoint rand_sd15_tiny.safetensors --lora rand_lora_tiny.safetensors \\
+        --controlnet my_controlnet.pth --out load-run/
+
+The workflow is the SD1.5 ControlNet example (workflows/kiln_sd15_controlnet_api.json) with a LoRA
+after Compile UNet. Exit status 0 when every check holds, 1 otherwise, 2 on bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import statistics
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+from ..client.comfy import ComfyClient, ComfyError, apply_sets
+from ..client.queue import run_all
+from ..client.workflow import KILN_COMPILE_NODES, check_prompt, without_nodes
+
+WORKFLOW = Path(__file__).parents[1] / "workflows" / "kiln_sd15_controlnet_api.json"
+LORA_NODE = "100"
+SIZES = ((192, 192), (256, 192), (192, 256), (256, 256))
+BATCHES = (1, 2)
+LORA_STRENGTHS = (0.0, 0.8)
+CONTROL_STRENGTHS = (0.0, 0.5, 1.0)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", default="http://127.0.0.1:8188")
+    parser.add_argument("--checkpoint", required=True, help="an SD1.5 checkpoint the server has")
+    parser.add_argument("--lora", required=True, help="an SD1.5 LoRA the server has")
+    parser.add_argument("--controlnet", required=True, help="an SD1.5 ControlNet the server has")
+    parser.add_argument("--prompts", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--mode", default="fast", choices=("fast", "balanced", "max"), help="Kiln's compile mode "
+                        "(fast by default: Inductor takes minutes per graph on a CPU)")
+    parser.add_argument("--max-compiles", type=int, default=12, help="fail above this many Kiln compiles in all")
+    parser.add_argument("--out", default="load-run", help="images and results.json go here")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+
+
+def workflow(args) -> dict:
+    """The ControlNet example with a LoRA after Compile UNet, set to this server's files and mode."""
+    prompt = json.loads(WORKFLOW.read_text())
+    sampler = next(k for k, v in prompt.items() if v["class_type"] == "KSampler")
+    prompt[LORA_NODE] = {"class_type": "LoraLoaderModelOnly", "_meta": {"title": "LoRA"},
+                         "inputs": {"model": prompt[sampler]["inputs"]["model"], "lora_name": args.lora,
+                                    "strength_model": 0.8}}
+    prompt[sampler]["inputs"]["model"] = [LORA_NODE, 0]
+    for node in prompt.values():
+        inputs = node["inputs"]
+        if node["class_type"] == "CheckpointLoaderSimple":
+            inputs["ckpt_name"] = args.checkpoint
+        if node["class_type"] == "ControlNetLoader":
+            inputs["control_net_name"] = args.controlnet
+        if node["class_type"] == "KSampler":
+            inputs["steps"] = args.steps
+        if node["class_type"] in ("KilnCompileUNet", "KilnCompileControlNet"):
+            inputs["mode"] = args.mode
+    return prompt
+
+
+def mix(prompt: dict, count: int) -> list[tuple[dict, dict]]:
+    """`count` prompts cycling through every combination of size, batch, LoRA and ControlNet strength in
+    a shuffled (seeded) order; each has its own seed, so ComfyUI's cache never serves one."""
+    ids = {v["class_type"]: k for k, v in prompt.items()}
+    latent, sampler, control = ids["EmptyLatentImage"], ids["KSampler"], ids["ControlNetApplyAdvanced"]
+    combos = list(itertools.product(SIZES, BATCHES, LORA_STRENGTHS, CONTROL_STRENGTHS))
+    random.Random(0).shuffle(combos)
+    jobs = []
+    for index, ((width, height), batch, lora, control_strength) in zip(range(count), itertools.cycle(combos)):
+        settings = {f"{latent}.width": width, f"{latent}.height": height, f"{latent}.batch_size": batch,
+                    f"{LORA_NODE}.strength_model": lora, f"{control}.strength": control_strength,
+                    f"{sampler}.seed": index}
+        jobs.append((settings, apply_sets(prompt, [f"{k}={json.dumps(v)}" for k, v in settings.items()])))
+    return jobs
+
+
+def read_png(data: bytes) -> tuple[int, int, int, bytes]:
+    """(width, height, channels, pixels) of an 8-bit non-interlaced PNG (what ComfyUI's SaveImage writes)."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG")
+    pos, chunks, header = 8, [], None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body, pos = data[pos + 8:pos + 8 + length], pos + 12 + length
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            chunks.append(body)
+    width, height, depth, color, _, _, interlace = header
+    channels = {0: 1, 2: 3, 4: 2, 6: 4}.get(color)
+    if depth != 8 or channels is None or interlace:
+        raise ValueError(f"a PNG of depth {depth}, color type {color}, interlace {interlace} is not read here")
+    raw, stride = zlib.decompress(b"".join(chunks)), width * channels
+    pixels, previous = bytearray(), bytearray(stride)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            left = line[i - channels] if i >= channels else 0
+            up, corner = previous[i], previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 255
+            elif kind == 2:
+                line[i] = (line[i] + up) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 255
+            elif kind == 4:
+                guess = left + up - corner
+                near = min((abs(guess - left), 0, left), (abs(guess - up), 1, up), (abs(guess - corner), 2, corner))
+                line[i] = (line[i] + near[2]) & 255
+        pixels += line
+        previous = line
+    return width, height, channels, bytes(pixels)
+
+
+def psnr(a: bytes, b: bytes) -> float:
+    """PSNR in dB of two 8-bit images of the same size (inf when equal)."""
+    (wa, ha, ca, pa), (wb, hb, cb, pb) = read_png(a), read_png(b)
+    if (wa, ha, ca) != (wb, hb, cb):
+        raise ValueError(f"images differ in size: {wa}x{ha}x{ca} vs {wb}x{hb}x{cb}")
+    mse = sum((x - y) ** 2 for x, y in zip(pa, pb)) / len(pa)
+    return math.inf if mse == 0 else 10 * math.log10(255 ** 2 / mse)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    client = ComfyClient(args.server, timeout=args.timeout)
+    prompt = workflow(args)
+    problems = check_prompt(prompt, client.object_info())
+    if problems:
+        print("load run: the server cannot run the workflow:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 2
+    jobs = mix(prompt, args.prompts)
+    results = {}
+    for name, make in (("kiln", lambda p: p), ("eager", lambda p: without_nodes(p, KILN_COMPILE_NODES))):
+        (out / name).mkdir(parents=True, exist_ok=True)
+        print(f"\n== {len(jobs)} prompts, {name} ==", flush=True)
+        queue_args = argparse.Namespace(out=str(out / name), json=str(out / f"{name}.json"), timeout=args.timeout)
+        code = run_all(client, [(settings, make(job)) for settings, job in jobs], queue_args)
+        results[name] = json.loads((out / f"{name}.json").read_text())
+        if code != 0:
+            print(f"load run: a {name} prompt failed (see above)", file=sys.stderr)
+            return 1
+    return summarize(results, args, out)
+
+
+def summarize(results: dict, args: argparse.Namespace, out: Path) -> int:
+    failures, lowest, compiles = [], math.inf, []
+    for kiln, eager in zip(results["kiln"], results["eager"]):
+        for image, reference in zip(kiln["images"], eager["images"]):
+            value = psnr(Path(image).read_bytes(), Path(reference).read_bytes())
+            lowest = min(lowest, value)
+            if value < 40:
+                failures.append(f"prompt {kiln['index']} {kiln['settings']}: PSNR {value:.1f} dB < 40")
+        if len(kiln["images"]) != len(eager["images"]):
+            failures.append(f"prompt {kiln['index']}: {len(kiln['images'])} image(s) vs {len(eager['images'])} eager")
+        compiles += [(kiln["index"], line) for line in kiln["kiln_lines"] if line.startswith("Kiln compiled graph")]
+    times = {name: [r["total_seconds"] for r in records] for name, records in results.items()}
+    print(f"\n== load run: {len(results['kiln'])} prompts, Kiln mode {args.mode}, {args.steps} steps ==")
+    print(f"images equal to eager: lowest PSNR {lowest:.1f} dB over {sum(len(r['images']) for r in results['kiln'])} "
+          f"images (>= 40 required)")
+    print(f"Kiln compiles: {len(compiles)} in all (at most {args.max_compiles} allowed)")
+    for index, line in compiles:
+        print(f"  prompt {index}: {line}")
+    for name, values in times.items():
+        print(f"seconds per prompt, {name}: median {statistics.median(values):.2f}, mean {statistics.mean(values):.2f}, "
+              f"max {max(values):.2f}")
+    warm = [t for r, t in zip(results["kiln"], times["kiln"]) if not r["kiln_compile_seconds"]]
+    if warm:
+        print(f"seconds per prompt, kiln, prompts that compiled nothing: median {statistics.median(warm):.2f}")
+    if len(compiles) > args.max_compiles:
+        failures.append(f"{len(compiles)} compiles > {args.max_compiles}")
+    summary = {"prompts": len(results["kiln"]), "mode": args.mode, "steps": args.steps, "lowest_psnr_db": lowest,
+               "compiles": [{"prompt": i, "line": line} for i, line in compiles], "failures": failures,
+               "seconds": {name: {"median": statistics.median(v), "mean": statistics.mean(v), "max": max(v)}
+                           for name, v in times.items()}}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    for failure in failures:
+        print(f"FAILED: {failure}")
+    print("load run: " + ("passed" if not failures else f"{len(failures)} check(s) failed") + f"; results in {out}/")
+    return 1 if failures else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kiln.benchmarks.load_run", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.prompts < 1:
+        parser.error("--prompts: give 1 or more")
+    try:
+        return run(args)
+    except ComfyError as exc:
+        print(f"load run: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

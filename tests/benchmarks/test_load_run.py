@@ -1,0 +1,92 @@
+"""benchmarks/load_run.py's pieces, without a server: the workflow it queues, the mix of prompts, the
+eager twin, and its PNG reader and PSNR (checked on PNGs written with every row filter)."""
+import argparse
+import itertools
+import math
+import struct
+import zlib
+
+import pytest
+
+from kiln.benchmarks import load_run
+from kiln.client.workflow import KILN_COMPILE_NODES, without_nodes
+
+ARGS = argparse.Namespace(checkpoint="ckpt.safetensors", lora="lora.safetensors", controlnet="cn.pth", steps=3,
+                          mode="fast")
+
+
+def test_the_workflow_is_the_controlnet_example_with_a_lora_after_compile_unet():
+    prompt = load_run.workflow(ARGS)
+    by_class = {v["class_type"]: v for v in prompt.values()}
+    lora = prompt[load_run.LORA_NODE]
+    assert lora["class_type"] == "LoraLoaderModelOnly" and lora["inputs"]["lora_name"] == "lora.safetensors"
+    assert prompt[lora["inputs"]["model"][0]]["class_type"] == "KilnCompileUNet"
+    assert by_class["KSampler"]["inputs"]["model"] == [load_run.LORA_NODE, 0]
+    assert by_class["KSampler"]["inputs"]["steps"] == 3
+    assert by_class["CheckpointLoaderSimple"]["inputs"]["ckpt_name"] == "ckpt.safetensors"
+    assert by_class["ControlNetLoader"]["inputs"]["control_net_name"] == "cn.pth"
+    assert by_class["KilnCompileUNet"]["inputs"]["mode"] == by_class["KilnCompileControlNet"]["inputs"]["mode"] == "fast"
+    eager = without_nodes(prompt, KILN_COMPILE_NODES)
+    assert not {v["class_type"] for v in eager.values()} & set(KILN_COMPILE_NODES)
+    assert eager[eager[load_run.LORA_NODE]["inputs"]["model"][0]]["class_type"] == "CheckpointLoaderSimple"
+
+
+def test_fifty_prompts_cover_every_combination_each_with_its_own_seed():
+    prompt = load_run.workflow(ARGS)
+    jobs = load_run.mix(prompt, 50)
+    ids = {v["class_type"]: k for k, v in prompt.items()}
+    latent, sampler, control = ids["EmptyLatentImage"], ids["KSampler"], ids["ControlNetApplyAdvanced"]
+    seen = set()
+    for settings, job in jobs:
+        size = (job[latent]["inputs"]["width"], job[latent]["inputs"]["height"])
+        seen.add((size, job[latent]["inputs"]["batch_size"], job[load_run.LORA_NODE]["inputs"]["strength_model"],
+                  job[control]["inputs"]["strength"]))
+        assert settings[f"{sampler}.seed"] == job[sampler]["inputs"]["seed"]
+    assert seen == set(itertools.product(load_run.SIZES, load_run.BATCHES, load_run.LORA_STRENGTHS,
+                                         load_run.CONTROL_STRENGTHS))
+    assert len({job[sampler]["inputs"]["seed"] for _, job in jobs}) == 50
+    assert prompt == load_run.workflow(ARGS)  # each job is a copy
+
+
+def png(width, height, channels, pixels: bytes, filters) -> bytes:
+    """An 8-bit PNG whose rows use the given filter types (0 none, 1 sub, 2 up, 3 average, 4 Paeth)."""
+    stride, raw, previous = width * channels, bytearray(), bytes(width * channels)
+    for y, kind in zip(range(height), itertools.cycle(filters)):
+        line = pixels[y * stride:(y + 1) * stride]
+        encoded = bytearray()
+        for i, value in enumerate(line):
+            left = line[i - channels] if i >= channels else 0
+            up, corner = previous[i], previous[i - channels] if i >= channels else 0
+            guess = left + up - corner
+            paeth = min((abs(guess - left), 0, left), (abs(guess - up), 1, up), (abs(guess - corner), 2, corner))[2]
+            predicted = (0, left, up, (left + up) // 2, paeth)[kind]
+            encoded.append((value - predicted) & 255)
+        raw += bytes([kind]) + encoded
+        previous = line
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, {1: 0, 3: 2, 4: 6}[channels], 0, 0, 0)
+    compressed = zlib.compress(bytes(raw))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", compressed[:7])
+            + chunk(b"IDAT", compressed[7:]) + chunk(b"IEND", b""))
+
+
+def test_read_png_undoes_every_row_filter():
+    width, height = 7, 10
+    for channels in (1, 3, 4):
+        pixels = bytes((x * 37 + y * 91 + c * 53 + x * y) % 256 for y in range(height) for x in range(width)
+                       for c in range(channels))
+        for filters in ([0], [1], [2], [3], [4], [0, 1, 2, 3, 4]):
+            assert load_run.read_png(png(width, height, channels, pixels, filters)) == (width, height, channels, pixels)
+
+
+def test_psnr_of_equal_and_slightly_different_images():
+    pixels = bytes(range(7 * 5 * 3))
+    image = png(7, 5, 3, pixels, [4])
+    assert load_run.psnr(image, png(7, 5, 3, pixels, [1])) == math.inf
+    off_by_one = bytes(p ^ 1 for p in pixels)  # every value off by exactly 1: MSE 1
+    assert math.isclose(load_run.psnr(image, png(7, 5, 3, off_by_one, [0])), 20 * math.log10(255))
+    with pytest.raises(ValueError, match="images differ in size: 7x5x3 vs 5x7x3"):
+        load_run.psnr(image, png(5, 7, 3, pixels, [0]))
