@@ -49,15 +49,29 @@ def lora_like_patches(patcher, scale=0.2, seed=5):
     return {k: (torch.randn(sd[k].shape, generator=gen) * scale,) for k in sd if k.endswith(("to_q.weight", "to_v.weight"))}
 
 
-def save_tiny_controlnet(path, seed=0):
-    """A random-weight SD1.5 ControlNet that ComfyUI's ControlNetLoader reads (original layout, the
-    DETECTABLE_SD15 size), saved as a plain tensor dict (a .pth, as users' files are named)."""
+def controlnet_network(unet_config, seed: int, std: float):
+    """ComfyUI's ControlNet module of a UNet layout, random weights at the given scale."""
     import comfy.cldm.cldm
 
-    config = {k: v for k, v in DETECTABLE_SD15.items()
+    config = {k: v for k, v in unet_config.items()
               if k not in ("out_channels", "transformer_depth_output", "use_temporal_attention", "use_temporal_resblock")}
+    config.setdefault("num_heads", 8)
     torch.manual_seed(seed)
     network = comfy.cldm.cldm.ControlNet(hint_channels=3, **config)
     for p in network.parameters():  # ComfyUI's ops leave weights uninitialised; the zero convs too
-        p.data.normal_(0, 0.02)
+        p.data.normal_(0, std)
+    return network
+
+
+def save_tiny_controlnet(path, seed=0):
+    """A random-weight SD1.5 ControlNet that ComfyUI's ControlNetLoader reads (original layout, the
+    DETECTABLE_SD15 size), saved as a plain tensor dict (a .pth, as users' files are named)."""
+    network = controlnet_network(DETECTABLE_SD15, seed, std=0.02)
     torch.save({"control_model." + k: v.contiguous() for k, v in network.state_dict().items()}, path)
+
+
+def make_tiny_controlnet(unet_config=TINY_SD15, seed=7):
+    """A random-weight ControlNet of the tiny UNet's layout, as ComfyUI's ControlNetLoader returns one."""
+    import comfy.controlnet
+
+    return comfy.controlnet.ControlNet(controlnet_network(unet_config, seed, std=0.05), load_device=torch.device("cpu"))

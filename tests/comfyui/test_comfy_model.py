@@ -3,23 +3,19 @@ ComfyUI's KSampler path. Runs when COMFYUI_PATH points at a ComfyUI tree; skips 
 import os
 
 import pytest
-import torch
 
 COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
 if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
     pytest.skip("COMFYUI_PATH is not set to a ComfyUI tree", allow_module_level=True)
 pytest.importorskip("comfy.model_management")  # conftest.py put COMFYUI_PATH on the path and set ComfyUI's args
 
-import comfy.model_base  # noqa: E402
-import comfy.model_patcher  # noqa: E402
-import comfy.sample  # noqa: E402
-import comfy.supported_models  # noqa: E402
 
 from kiln.compiler import KilnPlan, Lowering, build_options, compat, model_for  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.plan_wrapper import PLAN_KEY  # noqa: E402
 from comfy_testing import lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
 from testing_utils import rel_err  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def compiled():

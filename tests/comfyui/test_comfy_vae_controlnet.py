@@ -10,7 +10,6 @@ if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
     pytest.skip("COMFYUI_PATH is not set to a ComfyUI tree", allow_module_level=True)
 pytest.importorskip("comfy.model_management")
 
-import comfy.cldm.cldm  # noqa: E402
 import comfy.controlnet  # noqa: E402
 import comfy.sample  # noqa: E402
 import comfy.sd  # noqa: E402
@@ -21,7 +20,7 @@ from kiln.nodes import plan_wrapper  # noqa: E402
 from kiln.nodes.compile_controlnet import KilnCompileControlNet  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.compile_vae import KilnCompileVAE  # noqa: E402
-from comfy_testing import TINY_SD15, make_tiny_sd15_patcher  # noqa: E402
+from comfy_testing import make_tiny_controlnet, make_tiny_sd15_patcher  # noqa: E402
 
 # 4 levels of 32 channels: the 8x compression ComfyUI's VAE code assumes, at a tiny size
 TINY_VAE = {"params": {"embed_dim": 4, "ddconfig": {
@@ -107,16 +106,6 @@ def test_tiled_decode_and_other_sizes_compile_a_bounded_number_of_graphs_once(va
     assert compiles(decode) == settled, stats.summary()
 
 
-def tiny_controlnet():
-    torch.manual_seed(7)
-    config = {k: v for k, v in TINY_SD15.items() if k not in ("out_channels", "transformer_depth_output",
-                                                             "use_temporal_attention")}
-    network = comfy.cldm.cldm.ControlNet(hint_channels=3, num_heads=8, **config)
-    for p in network.parameters():  # ComfyUI's ops leave weights uninitialised; the zero convs too
-        p.data.normal_(0, 0.05)
-    return comfy.controlnet.ControlNet(network, load_device=torch.device("cpu"))
-
-
 def sample_with_control(model, control_net, strength, hint, seed=3):
     torch.manual_seed(seed)
     pos, neg = [[torch.randn(1, 7, 32), {}]], [[torch.randn(1, 7, 32), {}]]
@@ -128,7 +117,7 @@ def sample_with_control(model, control_net, strength, hint, seed=3):
 
 def test_compile_controlnet_samples_like_eager_across_strengths_without_recompiling():
     base = make_tiny_sd15_patcher(seed=0)
-    control_net = tiny_controlnet()
+    control_net = make_tiny_controlnet()
     hint = torch.rand(1, 128, 128, 3)
     kiln_unet = KilnCompileUNet().compile(base, mode="fast")[0]
     kiln_control, report = KilnCompileControlNet().compile(control_net, mode="fast")
