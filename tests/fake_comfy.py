@@ -342,11 +342,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _websocket(self, client_id: str) -> None:
         key = self.headers["Sec-WebSocket-Key"]
-        self.wfile.write(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                          f"Sec-WebSocket-Accept: {accept_key(key)}\r\n\r\n").encode())
-        self.wfile.flush()
-        sock = self.connection
-        self.fake.sockets[client_id] = (sock, threading.Lock())
+        sock, lock = self.connection, threading.Lock()
+        with lock:  # registered before the handshake is answered, as ComfyUI does, so that no message to a
+            # prompt queued right after the handshake is lost; the lock holds frames back until it is written
+            self.fake.sockets[client_id] = (sock, lock)
+            self.wfile.write(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                              f"Sec-WebSocket-Accept: {accept_key(key)}\r\n\r\n").encode())
+            self.wfile.flush()
         self.fake.send(client_id, "status", {"status": {"exec_info": {"queue_remaining": 0}}, "sid": client_id})
         buffer = b""
         try:
