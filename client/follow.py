@@ -5,7 +5,9 @@ ComfyUI's JSON messages (`{"type", "data"}`) carry the prompt id. Its binary mes
 big-endian event type; type 3 is a node's progress text: a 4-byte big-endian length, the node id, then
 the text (utf-8). Kiln's nodes use it for one line per compile, e.g.
 'Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes): first compile', 'Kiln variant: ...' lines
-and cache hits and misses.
+and cache hits and misses. Each line is kept behind the title and id of the node that showed it
+('Compile UNet (4): Kiln compiled graph 0 ...'): Compile UNet and Compile ControlNet both number their
+graphs from 0.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from .comfy import ComfyClient, PromptFailed, PromptTimedOut, check_record, execution_error_text
 
 PROGRESS_TEXT = 3  # ComfyUI's BinaryEventTypes.TEXT
-COMPILE_LINE = re.compile(r"^Kiln compiled graph \S+ in ([0-9.]+)s \(([^)]*)\)")
+COMPILE_LINE = re.compile(r"(?:^|: )Kiln compiled graph \S+ in ([0-9.]+)s \(([^)]*)\)")
 QUIET_SECONDS = 10.0  # with no message for this long, the history says whether the prompt ended unseen
 HISTORY_WAIT_SECONDS = 10.0  # the history record is written just after the prompt's last message
 
@@ -49,18 +51,19 @@ class PromptRun:
 
     @property
     def kiln_compile_seconds(self) -> float:
-        return sum(float(m.group(1)) for m in map(COMPILE_LINE.match, self.kiln_lines) if m)
+        return sum(float(m.group(1)) for m in map(COMPILE_LINE.search, self.kiln_lines) if m)
 
     @property
     def kiln_variants(self) -> list[str]:
         """The compiles' variants ('inductor, dynamic shapes'), each once, in order."""
-        return list(dict.fromkeys(m.group(2) for m in map(COMPILE_LINE.match, self.kiln_lines) if m))
+        return list(dict.fromkeys(m.group(2) for m in map(COMPILE_LINE.search, self.kiln_lines) if m))
 
 
 def follow(ws, client: ComfyClient, run: PromptRun, prompt: dict, display, deadline: float) -> PromptRun:
     """Read the websocket until `run`'s prompt ends; its history record is then in run.record.
     PromptFailed if it failed or was interrupted, PromptTimedOut at `deadline` (time.monotonic())."""
-    kiln_nodes = {node_id for node_id, node in prompt.items() if str(node.get("class_type", "")).startswith("Kiln")}
+    kiln_nodes = {node_id: _title(prompt, node_id) for node_id, node in prompt.items()
+                  if str(node.get("class_type", "")).startswith("Kiln")}
     quiet_since = time.monotonic()
     while True:
         now = time.monotonic()
@@ -129,8 +132,9 @@ def _event(message: dict, run: PromptRun, prompt: dict, display) -> bool:
     return False
 
 
-def _progress_text(message: bytes, run: PromptRun, kiln_nodes: set, display) -> None:
-    """A node's progress text; lines from Kiln's nodes while this prompt runs are kept."""
+def _progress_text(message: bytes, run: PromptRun, kiln_nodes: dict, display) -> None:
+    """A node's progress text; lines from Kiln's nodes while this prompt runs are kept, each behind the
+    node's title and id."""
     if len(message) < 8 or struct.unpack(">I", message[:4])[0] != PROGRESS_TEXT or run.started is None:
         return  # previews and other binary messages, and text sent before this prompt started
     length = struct.unpack(">I", message[4:8])[0]
@@ -139,8 +143,8 @@ def _progress_text(message: bytes, run: PromptRun, kiln_nodes: set, display) -> 
         return
     for line in message[8 + length:].decode(errors="replace").splitlines():
         if line.strip():
-            run.kiln_lines.append(line.strip())
-            display.note(line.strip())
+            run.kiln_lines.append(f"{kiln_nodes[node_id]}: {line.strip()}")
+            display.note(run.kiln_lines[-1])
 
 
 def _history(client: ComfyClient, run: PromptRun) -> dict:

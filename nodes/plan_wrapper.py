@@ -121,10 +121,12 @@ def show_compiles_since(node_id: str, stats, mark: tuple[int, int]) -> None:
 
 def compile_line(graph) -> str:
     """One compile as Compile UNet shows it, and as `kiln queue` reads it back (its time and variant):
-    'Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes): first compile'."""
+    'Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes): first compile'. A recompile's reason is
+    the failed guard with its source line; the stack trace TorchDynamo adds under it is in the log."""
     shapes = "dynamic shapes" if graph.dynamic else "static shapes"
+    reason = graph.reason.splitlines()[0] if graph.reason else graph.reason
     return (f"Kiln compiled graph {graph.index} in {graph.capture_seconds + graph.seconds:.1f}s "
-            f"({graph.lowering}, {shapes}): {graph.reason}")
+            f"({graph.lowering}, {shapes}): {reason}")
 
 
 def _install(model_patcher, wrapper) -> str:

@@ -37,12 +37,13 @@ def test_a_prompt_runs_and_its_images_are_downloaded(comfy, workflow, tmp_path, 
     assert "Kiln compile 1.5s (inductor, dynamic shapes), 1 image(s) -> " in line
     assert line.endswith(str(out / "kiln_00001_.png"))
     assert (out / "kiln_00001_.png").read_bytes() == b"PNG kiln_00001_.png"
-    assert kiln_lines == ["  Kiln compiled graph 0 in 1.5s (inductor, dynamic shapes): first compile at batch 1",
-                          "  Kiln variant: graph 0 compiled for batch 2, latent 8x8 in 1.5s",
-                          "  cache miss for graph 0 (no entry), stored a 1.0 MiB entry"]
+    node = "Kiln › Compile UNet (2)"  # each line behind the node that showed it
+    assert kiln_lines == [f"  {node}: Kiln compiled graph 0 in 1.5s (inductor, dynamic shapes): first compile at batch 1",
+                          f"  {node}: Kiln variant: graph 0 compiled for batch 2, latent 8x8 in 1.5s",
+                          f"  {node}: cache miss for graph 0 (no entry), stored a 1.0 MiB entry"]
     # stderr is not a terminal here: plain progress lines, each node as it starts, the sampler's bar when done
     assert "prompt 1/1  KSampler (3)\n" in stderr and "prompt 1/1  KSampler (3)  3/3\n" in stderr
-    assert "prompt 1/1  Kiln compiled graph 0" in stderr
+    assert f"prompt 1/1  {node}: Kiln compiled graph 0" in stderr
     (record,) = json.loads((tmp_path / "r.json").read_text())
     assert record["status"] == "ok" and record["kiln_compile_seconds"] == 1.5 and record["run_seconds"] > 0
     assert record["images"] == [str(out / "kiln_00001_.png")] and record["prompt_id"] == comfy.prompts[0][0]

@@ -1,4 +1,5 @@
-"""The node's behaviour that needs no ComfyUI: declarations, option errors, the eager fallback."""
+"""The node's behaviour that needs no ComfyUI: declarations, option errors, the eager fallback, the line
+it shows per compile."""
 import pytest
 import torch
 
@@ -99,3 +100,19 @@ def test_pin_shapes_input_is_declared_and_validated():
     # dynamic=false has no dynamic graph to pin shapes ahead of: an error, not pins silently never compiled
     with pytest.raises(OptionsError, match="shapes.pin and shapes.specialize need dynamic auto or true"):
         KilnCompileUNet().compile(FakePatcher(), dynamic="false", pin_shapes="1024x1024")
+
+
+def test_a_compile_shows_as_one_line_the_guard_with_its_source_line():
+    """TorchDynamo's recompile reason goes on with a user stack trace: the node (and `kiln queue`) shows
+    the first line, the log and kiln.stats keep it whole."""
+    from kiln.compiler.stats import GraphCompile
+    from kiln.nodes.plan_wrapper import compile_line
+
+    reason = ("recompile: 1/0: ___check_type_id(kwargs['control'], 1), type=<class 'dict'>  # if control is not None"
+              "  # openaimodel.py:366 in apply_control\nUser stack trace:\n  File \"model.py\", line 82, in forward")
+    graph = GraphCompile(index=1, reason=reason, lowering="fx", input_shapes=[[2, 4, 8, 8]], nodes=9, rewrites={},
+                         skipped={}, seconds=1.3, dynamic=True, capture_seconds=2.0)
+    assert compile_line(graph) == ("Kiln compiled graph 1 in 3.3s (fx, dynamic shapes): " + reason.splitlines()[0])
+    first = GraphCompile(**{**graph.__dict__, "index": 0, "reason": "first compile", "dynamic": False})
+    assert compile_line(first) == "Kiln compiled graph 0 in 3.3s (fx, static shapes): first compile"
+    assert "User stack trace" in graph.line()  # what the log says
