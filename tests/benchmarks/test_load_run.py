@@ -1,7 +1,9 @@
 """benchmarks/load_run.py's pieces, without a server: the workflow it queues, the mix of prompts, the
-eager twin, and its PNG reader and PSNR (checked on PNGs written with every row filter)."""
+eager twins queued in between, its PNG reader and PSNR (checked on PNGs written with every row filter), and
+the summary: each check that fails is named."""
 import argparse
 import itertools
+import json
 import math
 import struct
 import zlib
@@ -90,3 +92,60 @@ def test_psnr_of_equal_and_slightly_different_images():
     assert math.isclose(load_run.psnr(image, png(7, 5, 3, off_by_one, [0])), 20 * math.log10(255))
     with pytest.raises(ValueError, match="images differ in size: 7x5x3 vs 5x7x3"):
         load_run.psnr(image, png(5, 7, 3, pixels, [0]))
+
+
+def test_each_prompt_is_followed_by_its_eager_twin():
+    jobs = load_run.mix(load_run.workflow(ARGS), 3)
+    queued = load_run.paired(jobs)
+    assert [settings["run"] for settings, _ in queued] == ["kiln", "eager"] * 3
+    for (settings, job), (kiln_settings, kiln_job), (eager_settings, eager_job) in zip(jobs, queued[::2], queued[1::2]):
+        assert kiln_settings == {"run": "kiln", **settings} and eager_settings == {"run": "eager", **settings}
+        assert kiln_job == job and eager_job == without_nodes(job, KILN_COMPILE_NODES)
+
+
+def records(tmp_path, kiln_pixels, eager_pixels, kiln_lines=(), seconds=(2.0, 1.0)):
+    """kiln queue's records of one prompt and its eager twin, their images written as PNGs."""
+    made = []
+    for name, pixels, lines, total in (("kiln", kiln_pixels, kiln_lines, seconds[0]),
+                                       ("eager", eager_pixels, (), seconds[1])):
+        images = []
+        for i, image in enumerate(pixels):
+            path = tmp_path / f"{name}_{len(list(tmp_path.iterdir()))}_{i}.png"
+            path.write_bytes(png(4, 3, 3, image, [0]))
+            images.append(str(path))
+        made.append({"settings": {"run": name, "10.width": 192}, "images": images, "kiln_lines": list(lines),
+                     "total_seconds": total, "kiln_compile_seconds": 1.5 if lines else (0.0 if name == "kiln" else None)})
+    return made
+
+
+def summary_args(max_compiles=2):
+    return argparse.Namespace(mode="fast", steps=2, max_compiles=max_compiles)
+
+
+def test_summary_of_a_run_that_holds(tmp_path, capsys):
+    image = bytes(range(36))
+    compiled = ["Kiln › Compile UNet (2): Kiln compiled graph 0 in 1.5s (fx, dynamic shapes): first compile",
+                "Kiln › Compile UNet (2): Kiln variant: graph 0 compiled for batch 2"]
+    run = records(tmp_path, [image], [image], compiled) + records(tmp_path, [image] * 2, [image] * 2, seconds=(3.0, 2.0))
+    assert load_run.summarize(run, summary_args(), tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "lowest PSNR inf dB over 3 images" in out and "Kiln compiles: 1 in all (at most 2 allowed)" in out
+    assert "  prompt 1: Kiln › Compile UNet (2): Kiln compiled graph 0 in 1.5s" in out
+    assert "prompts that compiled nothing (1): Kiln's time / its eager twin's, median 1.50" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failures"] == [] and summary["prompts"] == 2 and summary["lowest_psnr_db"] == "inf"
+    assert summary["kiln_over_eager_when_nothing_compiled"] == 1.5
+    assert summary["seconds"]["kiln"] == {"median": 2.5, "mean": 2.5, "max": 3.0}
+
+
+def test_summary_names_each_check_that_fails(tmp_path, capsys):
+    image = bytes(range(36))
+    noisy = bytes(p ^ 64 for p in image)  # far below 40 dB
+    compiled = ["Kiln › Compile UNet (2): Kiln compiled graph 0 in 1.5s (fx, dynamic shapes): first compile"] * 3
+    run = records(tmp_path, [noisy], [image], compiled) + records(tmp_path, [image], [image] * 2)
+    assert load_run.summarize(run, summary_args(max_compiles=2), tmp_path) == 1
+    failures = json.loads((tmp_path / "summary.json").read_text())["failures"]
+    assert failures[0].startswith("prompt 1 {'10.width': 192}: PSNR ") and failures[0].endswith(" dB < 40")
+    assert failures[1] == "prompt 2: 1 image(s) vs 2 eager"
+    assert failures[2] == "3 compiles > 2"
+    assert "load run: 3 check(s) failed" in capsys.readouterr().out
