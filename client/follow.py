@@ -6,8 +6,8 @@ big-endian event type; type 3 is a node's progress text: a 4-byte big-endian len
 the text (utf-8). Kiln's nodes use it for one line per compile, e.g.
 'Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes): first compile', 'Kiln variant: ...' lines
 and cache hits and misses. Each line is kept behind the title and id of the node that showed it
-('Compile UNet (4): Kiln compiled graph 0 ...'): Compile UNet and Compile ControlNet both number their
-graphs from 0.
+('Kiln › Compile UNet (2): Kiln compiled graph 0 ...'): Compile UNet and Compile ControlNet both number
+their graphs from 0.
 """
 from __future__ import annotations
 
