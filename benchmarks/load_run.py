@@ -146,20 +146,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"== {args.prompts} prompts, each followed by its eager twin (the same prompt without Kiln's compile "
           "nodes) ==", flush=True)
     queue_args = argparse.Namespace(out=str(out / "images"), json=str(out / "prompts.json"), timeout=args.timeout)
-    code = run_all(client, paired(mix(prompt, args.prompts)), queue_args)
-    records = json.loads((out / "prompts.json").read_text())
-    if code != 0:
+    if run_all(client, paired(mix(prompt, args.prompts)), queue_args) != 0:
         print("load run: a prompt failed (see above)", file=sys.stderr)
         return 1
-    return summarize(records, args, out)
+    return summarize(json.loads((out / "prompts.json").read_text()), args, out)
 
 
 def paired(jobs: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
     """Each job as queued with Kiln's nodes, then at once without them: both see the same server state, so
     their times compare side by side, and Kiln's graphs must survive the workflow switching to and fro
     (ComfyUI drops the outputs of nodes a prompt lacks, Compile UNet's among them)."""
-    return [({"run": name, **settings}, job if name == "kiln" else without_nodes(job, KILN_COMPILE_NODES))
-            for settings, job in jobs for name in ("kiln", "eager")]
+    queued = []
+    for settings, job in jobs:
+        queued.append(({"run": "kiln", **settings}, job))
+        queued.append(({"run": "eager", **settings}, without_nodes(job, KILN_COMPILE_NODES)))
+    return queued
 
 
 def summarize(records: list[dict], args: argparse.Namespace, out: Path) -> int:

@@ -124,7 +124,7 @@ def compile_line(graph) -> str:
     'Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes): first compile'. A recompile's reason is
     the failed guard with its source line; the stack trace TorchDynamo adds under it is in the log."""
     shapes = "dynamic shapes" if graph.dynamic else "static shapes"
-    reason = graph.reason.splitlines()[0] if graph.reason else graph.reason
+    reason = graph.reason.partition("\n")[0]
     return (f"Kiln compiled graph {graph.index} in {graph.capture_seconds + graph.seconds:.1f}s "
             f"({graph.lowering}, {shapes}): {reason}")
 
