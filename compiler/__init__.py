@@ -1,7 +1,7 @@
 """Kiln's compiler: a TorchDynamo backend with named FX rewrite passes. Knows nothing of ComfyUI."""
 from .api import compile, stats
-from .cache import (CACHE_MODES, CacheEntryError, CacheOptions, CacheOptionsError, CacheStore,
-                    CacheTrustError, default_cache_dir, describe_cache)
+from .cache import (CACHE_MODES, CacheEntryError, CacheError, CacheLocationError, CacheOptions, CacheOptionsError,
+                    CacheStore, CacheTrustError, cache_problem, default_cache_dir, describe_cache, server_cache_dir)
 from .method import MethodModule, label_of, method_module
 from .lowering import LOWERINGS, MODE_HELP, MODES, Lowering
 from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailable_reason
@@ -22,4 +22,5 @@ __all__ = ["compile", "stats", "CompileOptions", "OptionsError", "ShapePolicyErr
            "quantize", "quant_report", "QuantizeOptions", "QuantReport", "LayerPolicy", "parse_policy", "QuantizeError",
            "SCHEMES", "save_quantized", "load_quantized", "pop_quantized_layer", "stored_to_layer",
            "CacheOptions", "CacheOptionsError", "CACHE_MODES", "CacheStore", "CacheTrustError",
-           "CacheEntryError", "default_cache_dir", "describe_cache", "expert_cache_options"]
+           "CacheEntryError", "CacheError", "CacheLocationError", "cache_problem", "default_cache_dir",
+           "server_cache_dir", "describe_cache", "expert_cache_options"]

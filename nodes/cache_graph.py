@@ -13,10 +13,38 @@ MODES = ("use", "refresh", "off")
 
 
 def default_dir() -> str:
-    """kiln-cache in ComfyUI's user directory (beside its settings, outside every node pack)."""
+    """KILN_CACHE_DIR if the server's owner set it, else kiln-cache in ComfyUI's user directory
+    (beside its settings, outside every node pack)."""
     import folder_paths
 
-    return os.path.join(folder_paths.get_user_directory(), "kiln-cache")
+    from ..compiler import server_cache_dir
+
+    return server_cache_dir() or os.path.join(folder_paths.get_user_directory(), "kiln-cache")
+
+
+def workflow_cache(cache_dir: str, mode: str, max_gb: float):
+    """The cache a workflow asks for. A workflow is untrusted, so its directory is confined to
+    ComfyUI's user directory and KILN_CACHE_DIR (a relative name is a folder in the user directory);
+    one outside them is not used, and the model compiles without the cache, saying why."""
+    import folder_paths
+
+    from ..compiler import CacheOptions, server_cache_dir
+
+    user = folder_paths.get_user_directory()
+    named = os.path.expanduser(str(cache_dir).strip()) if isinstance(cache_dir, str) else cache_dir
+    if isinstance(named, str):
+        named = os.path.join(user, named) if named and not os.path.isabs(named) else named or default_dir()
+    within = (user,) + ((server_cache_dir(),) if server_cache_dir() else ())
+    return CacheOptions(dir=named, mode=mode, max_gb=max_gb, within=within)
+
+
+def show_report(report: str, problem: str, node_id) -> None:
+    """Log the cache's report; a cache that cannot be used is a warning, shown on the node at once."""
+    if problem:
+        log.warning(report)
+        plan_wrapper.show_text(str(node_id or ""), report)
+    else:
+        log.info(report)
 
 
 class KilnCacheGraph:
@@ -40,8 +68,10 @@ class KilnCacheGraph:
             },
             "optional": {
                 "cache_dir": ("STRING", {"default": "", "tooltip":
-                              "empty: kiln-cache in ComfyUI's user directory. Kiln creates it private (0700) and "
-                              "refuses one that other users can write"}),
+                              "empty: kiln-cache in ComfyUI's user directory (or the server's KILN_CACHE_DIR). A "
+                              "folder under ComfyUI's user directory or KILN_CACHE_DIR; a relative name is a folder "
+                              "in the user directory. Kiln creates it private (0700) and refuses one that other "
+                              "users can write"}),
                 "max_gb": ("FLOAT", {"default": 20.0, "min": 0.1, "max": 4096.0, "step": 0.5, "tooltip":
                            "size cap; the least recently used entries are evicted past it"}),
             },
@@ -55,15 +85,16 @@ class KilnCacheGraph:
             report = f"Kiln: nothing cached: {COMPILER_LOAD_ERROR}"
             log.warning(report)
             return (model, report)
-        # a bad setting raises CacheOptionsError naming it: ComfyUI shows it on the node
-        options = compiler.CacheOptions(dir=cache_dir.strip() or default_dir(), mode=cache, max_gb=float(max_gb))
         unavailable = compiler.unavailable_reason() or plan_wrapper.missing_extension_points()
         if unavailable:
             report = f"Kiln: nothing cached: {unavailable}"
             log.warning(report)
             return (model, report)
+        # a bad setting raises CacheOptionsError naming it: ComfyUI shows it on the node
+        options = workflow_cache(cache_dir, cache, float(max_gb))
         patched, plan, note = plan_wrapper.declare(model, show_cache_on=str(unique_id or ""), cache=options)
         name = type(model.get_model_object("diffusion_model")).__name__
+        problem = compiler.cache_problem(options)
         report = compiler.describe_cache(options, name)
         if plan.compile is None:
             report += (" It is used once Kiln › Compile UNet is in the chain (before or after this node); hit or miss is "
@@ -74,7 +105,7 @@ class KilnCacheGraph:
             report += f" Compile mode {plan.compile.mode!r} does not use Inductor: nothing to cache."
         if note:
             report += f" {note}"
-        log.info(report)
+        show_report(report, problem, unique_id)
         return (patched, report)
 
 

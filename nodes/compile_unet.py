@@ -38,8 +38,9 @@ class KilnCompileUNet:
                                "Other sizes run on the dynamic graph with no compile. Not in mode fast."}),
                 "advanced": ("STRING", {"multiline": True, "default": "", "tooltip":
                              "expert options as JSON or YAML, e.g. passes: {fuse_geglu: on}, "
-                             "shapes: {specialize: buckets, max_variants: 4}, or cache: {dir: /fast/disk, max_gb: 50} "
-                             "(what Kiln › Cache Graph sets)"}),
+                             "shapes: {specialize: buckets, max_variants: 4}, or cache: {dir: kiln-fast, max_gb: 50} "
+                             "(what Kiln › Cache Graph sets; the dir lies under ComfyUI's user directory or the "
+                             "server's KILN_CACHE_DIR)"}),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},  # the node shows each compile and shape variant as it happens
         }
@@ -56,8 +57,8 @@ class KilnCompileUNet:
         if unavailable:
             return self._eager(model, unavailable)
         cache = compiler.expert_cache_options(advanced)
-        if cache is not None and not cache.dir:  # ComfyUI's default, as Kiln › Cache Graph has it
-            cache = compiler.CacheOptions(dir=cache_graph.default_dir(), mode=cache.mode, max_gb=cache.max_gb)
+        if cache is not None:  # confined as Kiln › Cache Graph's directory is
+            cache = cache_graph.workflow_cache(cache.dir, cache.mode, cache.max_gb)
         parts = {"compile": options, **({"cache": cache} if cache is not None else {})}
         patched, plan, note = plan_wrapper.declare(model, show_compile_on=str(unique_id or ""), **parts)
         kiln_model = compiler.model_for(model.get_model_object("diffusion_model"), plan)
@@ -68,7 +69,10 @@ class KilnCompileUNet:
                   f"{''.join(' ' + n for n in notes if n)}")
         if options.shapes.pin:
             report += f" Pinned shapes, compiled with it: {', '.join(map(str, options.shapes.pin))}."
-        log.info(report)
+        problem = compiler.cache_problem(cache) if cache is not None else ""
+        if problem:
+            report += f" Kiln's cache cannot be used: {problem}. It compiles without it."
+        cache_graph.show_report(report, problem, unique_id)
         return (patched, report)
 
     @staticmethod

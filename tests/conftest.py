@@ -1,7 +1,15 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 # Triton kernels run on CPU tensors through Triton's interpreter; it must be set before triton loads.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Kiln's cache signing key lives in the user's configuration folder: the tests (and the processes
+# they start) make theirs in a folder of their own, and never see a server's KILN_CACHE_DIR.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="kiln-tests-config-")
+atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], True)
+os.environ.pop("KILN_CACHE_DIR", None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -7,14 +7,14 @@ import json
 
 from .describe import describe_cache
 from .key import differences, environment_fields
-from .options import CacheOptions
+from .options import CacheOptions, CacheOptionsError
 from .store import CacheEntryError, CacheStore
-from .trust import CacheTrustError
+from .trust import CacheError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", default="", help="the cache directory (default: ~/.cache/kiln; ComfyUI's node uses "
-                        "ComfyUI/user/kiln-cache)")
+    parser.add_argument("--dir", default="", help="the cache directory (default: KILN_CACHE_DIR, else ~/.cache/kiln; "
+                        "ComfyUI's node uses ComfyUI/user/kiln-cache)")
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("list", help="every entry: key, model graph, size, compile time saved per load, last used")
     info = actions.add_parser("info", help="the directory, or one entry's key fields (and what differs from this machine)")
@@ -44,11 +44,11 @@ def _resolve(store: CacheStore, prefixes: list[str]) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    options = CacheOptions(dir=args.dir)
     try:
-        store = CacheStore(options.root, options.max_bytes)
+        options = CacheOptions(dir=args.dir)
+        store = options.open()
         return _ACTIONS[args.action](store, options, args)
-    except (CacheTrustError, CacheEntryError, OSError) as exc:
+    except (CacheError, CacheOptionsError, OSError) as exc:
         print(f"kiln cache {args.action}: {exc}")
         return 1
 
@@ -69,7 +69,7 @@ def _list(store: CacheStore, options: CacheOptions, args) -> int:
 def _info(store: CacheStore, options: CacheOptions, args) -> int:
     if not args.key:
         print(describe_cache(options))
-        print(f"signing key: {store.root}/signing.key (only entries signed with it are loaded)")
+        print(f"signing key: {store.key_path} (only entries signed with it are loaded)")
         return 0
     (key,) = _resolve(store, [args.key])
     entry = store.read(key)  # verifies the signature

@@ -2,8 +2,19 @@
 from __future__ import annotations
 
 from .options import CacheOptions
-from .store import CacheStore
-from .trust import CacheTrustError
+from .trust import CacheError
+
+
+def cache_problem(options: CacheOptions) -> str:
+    """Why this cache cannot be used ("" if it can, or if it is off). Opening it checks where it is
+    and whether it can be trusted, and makes it if missing."""
+    if options.mode == "off":
+        return ""
+    try:
+        options.open()
+    except (CacheError, OSError) as exc:
+        return str(exc)
+    return ""
 
 
 def describe_cache(options: CacheOptions, model: str = "") -> str:
@@ -12,10 +23,10 @@ def describe_cache(options: CacheOptions, model: str = "") -> str:
     if options.mode == "off":
         return "Kiln's cache is off: nothing is read or stored."
     try:
-        store = CacheStore(options.root, options.max_bytes)
-    except (CacheTrustError, OSError) as exc:
-        return f"Kiln's cache at {options.root} cannot be used: {exc}. Models compile without it."
-    entries = [entry for _, entry, _ in store.headers() if entry is not None]
+        store = options.open()
+        entries = [entry for _, entry, _ in store.headers() if entry is not None]
+    except (CacheError, OSError) as exc:
+        return f"Kiln's cache at {options.named} cannot be used: {exc}. Models compile without it."
     total = sum(entry.size for entry in entries)
     text = (f"Kiln's cache ({options.mode}) at {store.root}: {len(entries)} entries, {total / 2**20:.1f} MiB "
             f"of {options.max_gb:g} GiB")

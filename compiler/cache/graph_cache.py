@@ -19,7 +19,7 @@ from .. import compat
 from . import key as cache_key
 from .options import CacheOptions
 from .store import CacheEntryError, CacheStore, Entry, read_files, write_files
-from .trust import CacheTrustError
+from .trust import CacheError
 
 log = logging.getLogger("kiln")
 
@@ -45,8 +45,10 @@ class CacheEvent:
 
 
 class GraphCache:
-    """Kiln's cache as one KilnModel uses it. The store is opened on first use; a directory that
-    cannot be trusted or written makes the model compile without the cache, said once."""
+    """Kiln's cache as one KilnModel uses it. The store is opened on first use. Whatever goes wrong
+    in the cache (a directory that cannot be trusted, made or written, one a workflow may not name,
+    a bad entry) makes the model compile without the cache, or without that entry, said once:
+    never an eager fallback, never a failed prompt."""
 
     def __init__(self, options: CacheOptions):
         self.options = options
@@ -58,10 +60,8 @@ class GraphCache:
             return None
         if self._store is None:
             try:
-                self._store = CacheStore(self.options.root, self.options.max_bytes)
-            except CacheTrustError as exc:
-                self._disable(f"{exc}; compiling without the cache")
-            except OSError as exc:
+                self._store = self.options.open()
+            except (CacheError, OSError) as exc:
                 self._disable_for(exc)
         return self._store
 
@@ -71,9 +71,12 @@ class GraphCache:
             log.warning("Kiln: %s", reason)
             self.unavailable = reason
 
-    def _disable_for(self, exc: OSError) -> None:
-        self._disable(f"cannot use the cache directory {self.options.root} ({exc.strerror or exc}); "
-                      "compiling without the cache")
+    def _disable_for(self, exc: Exception) -> None:
+        if isinstance(exc, OSError):
+            reason = f"cannot use the cache directory {self.options.root} ({exc.strerror or exc})"
+        else:
+            reason = str(exc)
+        self._disable(f"{reason}; compiling without the cache")
 
     def lower(self, lower: Callable[[], tuple], fields: dict) -> tuple[Callable, str, CacheEvent]:
         """Run `lower()` (a Lowering.lower call returning (callable, name)) under the cache.
@@ -84,15 +87,15 @@ class GraphCache:
         if store is None:
             return self._without_cache(lower, label, key)
         entry, reason = None, ""
-        if self.options.mode == "use":
-            entry, reason = self._lookup(store, key, fields)
-        else:
-            reason = "refresh: stored entries ignored"
         try:
+            if self.options.mode == "use":
+                entry, reason = self._lookup(store, key, fields)
+            else:
+                reason = "refresh: stored entries ignored"
             work = store.work_dir()
             if entry is not None:
                 write_files(work, entry.files)
-        except OSError as exc:
+        except (CacheError, OSError) as exc:
             self._disable_for(exc)
             return self._without_cache(lower, label, key)
         if entry is not None:
@@ -142,7 +145,11 @@ class GraphCache:
     def _store_files(self, store: CacheStore, key: str, fields: dict, work: str, seconds: float, outcome: str,
                      reason: str) -> CacheEvent:
         label = fields.get("label", "graph")
-        files = read_files(work)
+        try:
+            files = read_files(work)
+        except OSError as exc:
+            self._disable_for(exc)
+            return CacheEvent(label, outcome, f"{reason}; not stored: {exc.strerror or exc}".lstrip("; "), key)
         if not any(name.startswith("fxgraph/") for name in files):
             event = CacheEvent(label, outcome, f"{reason}; nothing stored: Inductor did not cache this graph "
                                                "(see TORCH_LOGS=+inductor for its bypass reason)".lstrip("; "), key)
@@ -151,9 +158,10 @@ class GraphCache:
         entry = Entry(key=key, fields=fields, files=files, compile_seconds=seconds)
         try:
             size = store.write(entry)
-        except OSError as exc:
+        except (CacheError, OSError) as exc:
             self._disable_for(exc)
-            return CacheEvent(label, outcome, f"{reason}; not stored: {exc.strerror or exc}".lstrip("; "), key)
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            return CacheEvent(label, outcome, f"{reason}; not stored: {why}".lstrip("; "), key)
         event = CacheEvent(label, outcome, reason, key, entry_bytes=size)
         log.info("Kiln: %s", event.line())
         return event

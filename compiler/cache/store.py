@@ -1,37 +1,56 @@
 """Kiln's cache directory: signed entries, written atomically, bounded by least-recently-used eviction.
 
-    <root>/signing.key          the per-user HMAC key (0600), see trust.py
-    <root>/entries/<key>.kiln   one entry per compiled graph and shape variant
-    <root>/work/<process>/      where this process's lowerings read and write Inductor's files
+    <root>/entries/<key>.kiln       one entry per compiled graph and shape variant
+    <root>/work/kiln-<pid>-<hex>/   where one process's lowerings read and write Inductor's files,
+                                    marked as Kiln's by a .kiln-work file naming the process
 
-An entry file is MAGIC, an 8-byte header length, a JSON header (key fields, file list, compile
-seconds), the files' bytes, and an HMAC-SHA256 of everything before it. It is written to a temp
-file and renamed into place, so a reader sees a whole entry or none, and processes sharing the
-directory leave it valid. A hit touches the entry's mtime: eviction drops the oldest first.
+The key entries are signed with is not here but in the user's configuration folder (location.py,
+trust.py). An entry file is MAGIC, an 8-byte header length, a JSON header (key fields, file list,
+compile seconds), the files' bytes, and an HMAC-SHA256 of everything before it. The header is
+untrusted until the signature is checked, and is validated (`read_header`) before anything reads
+it. An entry is written to a temp file and renamed into place, so a reader sees a whole entry or
+none, and processes sharing the directory leave it valid. A hit touches the entry's mtime:
+eviction drops the oldest first.
+
+Kiln removes only what it made: entries and temp files by their names (`<key>.kiln`,
+`.kiln-tmp-<pid>-<hex>`), work folders by name and marker. Nothing else in a directory is touched.
 """
 from __future__ import annotations
 
 import atexit
 import io
 import json
+import math
 import os
+import re
+import reprlib
 import secrets
 import shutil
+import stat
 import struct
 import tarfile
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
-from . import trust
+from . import location, trust
+from .trust import CacheError
 
 MAGIC = b"KILN-CACHE-ENTRY 1\n"
 SUFFIX = ".kiln"
 _LENGTH = struct.Struct(">Q")
 STALE_TEMP_SECONDS = 3600
+KEY_PATTERN = re.compile(r"[0-9a-z]{32}")               # entry_key's 32 hex digits (tests use letters too)
+TEMP_PATTERN = re.compile(r"\.kiln-tmp-\d+-[0-9a-f]{8}")
+WORK_PATTERN = re.compile(r"kiln-(\d+)-[0-9a-f]{8}")
+WORK_MARKER = ".kiln-work"
+MAX_HEADER_BYTES = 16 * 2**20                            # a header lists files and key fields: kilobytes
+MAX_FILES = 100_000
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+MAX_FIELD_DEPTH = 8                                      # key fields nest options.passes.<name>: depth 3
 
 
-class CacheEntryError(RuntimeError):
+class CacheEntryError(CacheError):
     """An entry is damaged, unsigned or foreign: it is refused (and compiled again)."""
 
 
@@ -46,6 +65,26 @@ class Entry:
     last_used: float = 0.0
 
 
+@dataclass(frozen=True)
+class Header:
+    """An entry's header, validated: a safe key, key fields that are a shallow JSON mapping, files
+    with safe relative names and sizes that fit the entry, finite times."""
+
+    key: str
+    fields: dict
+    files: tuple[tuple[str, int], ...]
+    compile_seconds: float
+    created: float
+    body_offset: int                                       # where the files' bytes begin
+
+    @property
+    def body_end(self) -> int:
+        return self.body_offset + sum(size for _, size in self.files)
+
+    def entry(self, **values) -> Entry:
+        return Entry(key=self.key, fields=self.fields, compile_seconds=self.compile_seconds, created=self.created, **values)
+
+
 def encode(entry: Entry) -> bytes:
     """The entry's unsigned bytes (MAGIC, header, files)."""
     names = sorted(entry.files)
@@ -54,27 +93,87 @@ def encode(entry: Entry) -> bytes:
     return b"".join([MAGIC, _LENGTH.pack(len(header)), header] + [entry.files[n] for n in names])
 
 
-def read_header(data: bytes, where: str) -> tuple[dict, int]:
-    """(header, offset of the files); CacheEntryError if `data` does not start like an entry."""
+def read_header(data: bytes, where: str, total: Optional[int] = None) -> Header:
+    """The validated header at the start of `data` (an entry, or at least its MAGIC, length and
+    header); `total`: the whole entry's size when `data` holds only its start. CacheEntryError
+    says what is wrong with anything that does not start like a valid entry."""
+    total = len(data) if total is None else total
     if not data.startswith(MAGIC):
         raise CacheEntryError(f"{where} is not a Kiln cache entry (or not of this format version)")
     start = len(MAGIC) + _LENGTH.size
     if len(data) < start:
         raise CacheEntryError(f"{where} is truncated ({len(data)} bytes)")
     (length,) = _LENGTH.unpack_from(data, len(MAGIC))
+    if length > MAX_HEADER_BYTES or start + length > total:
+        raise CacheEntryError(f"{where} has a header length of {length} bytes, beyond its {total} bytes "
+                              f"(or the {MAX_HEADER_BYTES}-byte limit): damaged or truncated")
+    if len(data) < start + length:
+        raise CacheEntryError(f"{where} is truncated in its header")
     try:
-        header = json.loads(data[start:start + length])
-        files = [(str(name), int(size)) for name, size in header["files"]]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CacheEntryError(f"{where} has a damaged header ({type(exc).__name__}) or is truncated") from None
-    header["files"] = files
-    return header, start + length
+        raw = json.loads(data[start:start + length])
+    except (ValueError, RecursionError) as exc:
+        raise CacheEntryError(f"{where} has a damaged header ({type(exc).__name__})") from None
+    header = _validated(raw, where, start + length)
+    if header.body_end > total:
+        raise CacheEntryError(f"{where} is truncated ({total} of at least {header.body_end} bytes)")
+    return header
+
+
+def _validated(raw: Any, where: str, offset: int) -> Header:
+    def bad(what: str) -> CacheEntryError:
+        return CacheEntryError(f"{where} has a damaged header: {what}")
+
+    if not isinstance(raw, dict):
+        raise bad(f"a {type(raw).__name__}, not a mapping")
+    missing = sorted({"key", "fields", "files"} - set(raw))
+    if missing:
+        raise bad(f"no {', '.join(missing)}")
+    key, fields, files = raw["key"], raw["fields"], raw["files"]
+    if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
+        raise bad(f"key {reprlib.repr(key)} is not an entry key (32 letters and digits)")
+    if not isinstance(fields, dict) or _depth(fields) > MAX_FIELD_DEPTH:
+        raise bad(f"fields {reprlib.repr(fields)} are not a mapping of at most {MAX_FIELD_DEPTH} levels")
+    if not isinstance(files, list) or len(files) > MAX_FILES:
+        raise bad(f"files {reprlib.repr(files)} are not a list of at most {MAX_FILES} [name, size] pairs")
+    listed = []
+    for item in files:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and type(item[1]) is int
+                and item[1] >= 0):
+            raise bad(f"file {reprlib.repr(item)} is not a [name, size >= 0] pair")
+        if not _safe_relative(item[0]):
+            raise bad(f"file name {reprlib.repr(item[0])} names a file outside its directory")
+        listed.append((item[0], item[1]))
+    times = {}
+    for name in ("compile_seconds", "created"):
+        value = raw.get(name, 0.0)
+        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+            raise bad(f"{name} {reprlib.repr(value)} is not a finite number >= 0")
+        times[name] = float(value)
+    return Header(key, fields, tuple(listed), body_offset=offset, **times)
+
+
+def _depth(value: Any) -> int:
+    """How deeply `value` (parsed JSON) nests, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            stack += [(child, level + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    return deepest
+
+
+def _safe_relative(name: str) -> bool:
+    """A '/'-separated path that stays inside the folder it is written to."""
+    parts = name.split("/")
+    return (bool(name) and "\0" not in name and "\\" not in name and not name.startswith("/")
+            and not os.path.isabs(name) and ":" not in parts[0] and all(p not in ("", ".", "..") for p in parts))
 
 
 def decode(data: bytes, where: str, signed_with: Optional[bytes]) -> Entry:
     """An Entry from signed bytes (`signed_with`: the key to check) or unsigned ones (None)."""
-    header, offset = read_header(data, where)
-    body = offset + sum(size for _, size in header["files"])
+    header = read_header(data, where)
+    body = header.body_end
     expected = body + (trust.SIGNATURE_BYTES if signed_with is not None else 0)
     if signed_with is not None and len(data) == body:
         raise CacheEntryError(f"{where} is unsigned: Kiln loads only entries it signed itself; bring entries from "
@@ -87,27 +186,29 @@ def decode(data: bytes, where: str, signed_with: Optional[bytes]) -> Entry:
         raise CacheEntryError(f"{where} fails its signature: it was changed after Kiln wrote it, or was written with "
                               "another user's or machine's key (copied in?); bring entries from elsewhere in with "
                               "`kiln cache import`")
-    files, position = {}, offset
-    for name, size in header["files"]:
-        if os.path.isabs(name) or ".." in name.split("/"):
-            raise CacheEntryError(f"{where} names a file outside its directory: {name!r}")
+    files, position = {}, header.body_offset
+    for name, size in header.files:
         files[name] = data[position:position + size]
         position += size
-    return Entry(key=header["key"], fields=header["fields"], files=files, compile_seconds=header.get("compile_seconds", 0.0),
-                 created=header.get("created", 0.0), size=len(data))
+    return header.entry(files=files, size=len(data))
 
 
 class CacheStore:
-    """One cache directory (see the module docstring). Every method that reads code checks trust."""
+    """One cache directory (see the module docstring). Every method that reads code checks trust.
+    `key_path`: the signing key (default: location.default_key_path(), the user's own)."""
 
-    def __init__(self, root: str, max_bytes: int):
-        self.root = trust.ensure_private_dir(root)
-        self.entries = trust.ensure_private_dir(os.path.join(self.root, "entries"))
+    def __init__(self, root: str, max_bytes: int, key_path: Optional[str] = None):
+        trust.say_what_is_unchecked()
+        self.root = trust.ensure_private_dir(location.resolve(root))
+        self.entries = trust.ensure_private_dir(os.path.join(self.root, "entries"), check_parents=False)
         self.max_bytes = max_bytes
-        self._key = trust.signing_key(self.root)
+        self.key_path = key_path or location.default_key_path()
+        self._key = trust.signing_key(self.key_path)
         self._work: Optional[str] = None
 
     def path(self, key: str) -> str:
+        if not KEY_PATTERN.fullmatch(key):
+            raise CacheEntryError(f"{reprlib.repr(key)} is not a cache entry key (32 letters and digits)")
         return os.path.join(self.entries, key + SUFFIX)
 
     # ---- entries ---------------------------------------------------------------------------
@@ -117,7 +218,11 @@ class CacheStore:
         path = self.path(key)
         try:
             trust.check_private(path, "entry")
-            with open(path, "rb") as f:
+            with open(os.open(path, os.O_RDONLY | _NOFOLLOW), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > self.max_bytes:
+                    raise CacheEntryError(f"cache entry {path} is {size} bytes, more than the cache's whole size cap "
+                                          f"({self.max_bytes} bytes): not Kiln's")
                 data = f.read()
         except FileNotFoundError:
             return None
@@ -139,9 +244,9 @@ class CacheStore:
         entry.created = entry.created or time.time()
         data = encode(entry)
         data += trust.sign(self._key, data)
-        temp = os.path.join(self.entries, f".tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        temp = os.path.join(self.entries, f".kiln-tmp-{os.getpid()}-{secrets.token_hex(4)}")
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -160,23 +265,22 @@ class CacheStore:
         """(key, entry without files (unverified), problem) for every entry file, newest use first."""
         listing = []
         for name in os.listdir(self.entries):
-            if not name.endswith(SUFFIX):
+            key = name[:-len(SUFFIX)]
+            if not name.endswith(SUFFIX) or not KEY_PATTERN.fullmatch(key):
                 continue
             path = os.path.join(self.entries, name)
             try:
-                info = os.stat(path)
+                info = os.lstat(path)
                 with open(path, "rb") as f:
                     head = f.read(len(MAGIC) + _LENGTH.size)
                     if head.startswith(MAGIC) and len(head) == len(MAGIC) + _LENGTH.size:
-                        head += f.read(_LENGTH.unpack_from(head, len(MAGIC))[0])
-                header, _ = read_header(head, path)
-                entry = Entry(key=header["key"], fields=header["fields"], compile_seconds=header.get("compile_seconds", 0.0),
-                              created=header.get("created", 0.0), size=info.st_size, last_used=info.st_mtime)
-                listing.append((info.st_mtime, name[:-len(SUFFIX)], entry, ""))
+                        head += f.read(min(_LENGTH.unpack_from(head, len(MAGIC))[0], MAX_HEADER_BYTES))
+                header = read_header(head, path, total=info.st_size)
+                listing.append((info.st_mtime, key, header.entry(size=info.st_size, last_used=info.st_mtime), ""))
             except FileNotFoundError:
                 continue  # evicted meanwhile
             except (OSError, CacheEntryError) as exc:
-                listing.append((0.0, name[:-len(SUFFIX)], None, str(exc)))
+                listing.append((0.0, key, None, str(exc)))
         for _, key, entry, problem in sorted(listing, key=lambda item: -item[0]):
             yield key, entry, problem
 
@@ -186,9 +290,10 @@ class CacheStore:
         now = time.time()
         for name in os.listdir(self.entries):
             path = os.path.join(self.entries, name)
-            if name.startswith(".tmp-"):
+            if TEMP_PATTERN.fullmatch(name):
                 try:
-                    if now - os.stat(path).st_mtime > STALE_TEMP_SECONDS:
+                    info = os.lstat(path)
+                    if stat.S_ISREG(info.st_mode) and now - info.st_mtime > STALE_TEMP_SECONDS:
                         _remove(path)
                 except FileNotFoundError:
                     pass
@@ -232,15 +337,22 @@ class CacheStore:
         """Sign and store every entry of an exported tar file: importing is the user's decision to
         trust that file's code. Each member is checked to be a whole entry under its own key."""
         imported = []
-        with tarfile.open(path, "r") as tar:
-            for member in tar.getmembers():
-                if not member.isfile() or not member.name.endswith(SUFFIX):
-                    raise CacheEntryError(f"{path}: {member.name!r} is not a Kiln cache entry (made by `kiln cache export`?)")
-                data = tar.extractfile(member).read()
-                entry = decode(data, f"{path}:{member.name}", signed_with=None)
-                if os.path.basename(member.name)[:-len(SUFFIX)] != entry.key:
-                    raise CacheEntryError(f"{path}: {member.name} holds the entry {entry.key}")
-                imported.append(entry)
+        try:
+            with tarfile.open(path, "r") as tar:
+                for member in tar.getmembers():
+                    if not member.isfile() or not member.name.endswith(SUFFIX):
+                        raise CacheEntryError(f"{path}: {member.name!r} is not a Kiln cache entry (made by `kiln cache "
+                                              "export`?)")
+                    if member.size > self.max_bytes:
+                        raise CacheEntryError(f"{path}: {member.name!r} is {member.size} bytes, more than this cache's "
+                                              f"size cap ({self.max_bytes} bytes)")
+                    data = tar.extractfile(member).read()
+                    entry = decode(data, f"{path}:{member.name}", signed_with=None)
+                    if os.path.basename(member.name)[:-len(SUFFIX)] != entry.key:
+                        raise CacheEntryError(f"{path}: {member.name} holds the entry {entry.key}")
+                    imported.append(entry)
+        except tarfile.TarError as exc:
+            raise CacheEntryError(f"{path} is not a file made by `kiln cache export` ({exc})") from None
         for entry in imported:
             self.write(entry)
         return imported
@@ -250,11 +362,13 @@ class CacheStore:
     def work_dir(self) -> str:
         """A fresh, private directory for one lowering's Inductor files (removed when the process exits)."""
         if self._work is None:
-            base = trust.ensure_private_dir(os.path.join(self.root, "work"))
+            base = trust.ensure_private_dir(os.path.join(self.root, "work"), check_parents=False)
             _remove_dead_work_dirs(base)
-            self._work = os.path.join(base, f"{os.getpid()}-{secrets.token_hex(4)}")
-            os.mkdir(self._work, 0o700)
-            atexit.register(shutil.rmtree, self._work, True)
+            work = os.path.join(base, f"kiln-{os.getpid()}-{secrets.token_hex(4)}")
+            os.mkdir(work, 0o700)
+            _write_new(os.path.join(work, WORK_MARKER), str(os.getpid()).encode())
+            self._work = work
+            atexit.register(shutil.rmtree, work, True)
         path = os.path.join(self._work, secrets.token_hex(6))
         os.mkdir(path, 0o700)
         return path
@@ -269,12 +383,26 @@ def _remove(path: str) -> bool:
 
 
 def _remove_dead_work_dirs(base: str) -> None:
+    """Remove the work folders of processes that are gone: only folders named like Kiln's whose
+    marker Kiln wrote names that process. Anything else under `base` is left alone."""
     if os.name != "posix":  # os.kill(pid, 0) terminates a process on Windows: leave them
         return
     for name in os.listdir(base):
-        pid = name.split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        match = WORK_PATTERN.fullmatch(name)
+        if match is None or _alive(int(match[1])):
+            continue
+        folder = os.path.join(base, name)
+        if stat.S_ISDIR(os.lstat(folder).st_mode) and _marker_pid(folder) == match[1]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _marker_pid(folder: str) -> str:
+    """The process id in a work folder's marker ("" without a readable marker Kiln could have written)."""
+    try:
+        with open(os.open(os.path.join(folder, WORK_MARKER), os.O_RDONLY | _NOFOLLOW), "rb") as f:
+            return f.read(32).decode("ascii", errors="replace")
+    except OSError:
+        return ""
 
 
 def _alive(pid: int) -> bool:
@@ -285,6 +413,12 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True
     return True
+
+
+def _write_new(path: str, data: bytes) -> None:
+    """Create `path` (never an existing file, never through a link) with `data`, private."""
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600), "wb") as f:
+        f.write(data)
 
 
 def read_files(directory: str) -> dict[str, bytes]:
@@ -301,8 +435,8 @@ def read_files(directory: str) -> dict[str, bytes]:
 
 
 def write_files(directory: str, files: dict[str, bytes]) -> None:
+    """Write an entry's files (validated relative names) into a fresh folder."""
     for name, data in files.items():
         path = os.path.join(directory, *name.split("/"))
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
+        _write_new(path, data)

@@ -1,25 +1,37 @@
-"""Who may put code in Kiln's cache: the directory's owner, and only through Kiln.
+"""Who may put code in Kiln's cache: the user, and only through Kiln.
 
 Loading a cache entry runs code (Inductor's entries are pickles and generated modules), so Kiln
-loads entries only from a directory that belongs to the user and that nobody else can write
-(created 0700), and only entries signed with a per-user key kept beside them (0600): an entry
-someone else planted, or one copied in from elsewhere without `kiln cache import`, fails its
-signature and is refused. On Windows, where POSIX owners and modes do not exist, the signature
-is the whole check.
+loads only entries signed with the user's own key, which lives in one fixed per-user place
+(location.py: ~/.config/kiln/cache-signing.key, 0600), never in the cache directory: whoever can
+put files into a cache directory still cannot sign them. The directory itself must be the user's,
+reached through folders that only the user (or root) can change, and written by nobody else
+(created 0700): an entry someone else planted, or one copied in from elsewhere without `kiln
+cache import`, fails its signature and is refused. Nothing here follows a symbolic link.
+
+On Windows, POSIX owners and modes do not exist and Kiln does not read ACLs: the signature is
+the whole check there (the key sits in %APPDATA%, which Windows makes private to the user).
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import stat
 
-KEY_FILE = "signing.key"
 SIGNATURE_BYTES = 32  # HMAC-SHA256
+KEY_BYTES = 32
+
+log = logging.getLogger("kiln")
 
 
-class CacheTrustError(RuntimeError):
+class CacheError(RuntimeError):
+    """Kiln's cache cannot be used as asked, or an entry cannot be; the message says why. A model
+    then compiles without the cache (or without that entry)."""
+
+
+class CacheTrustError(CacheError):
     """The cache directory or its key cannot be trusted; the message says why and what to do."""
 
 
@@ -27,23 +39,69 @@ def _posix() -> bool:
     return os.name == "posix"
 
 
-def ensure_private_dir(path: str) -> str:
-    """Create `path` (0700) if missing; refuse one that another user owns or others can write."""
-    path = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isdir(path):
+_said_what_windows_leaves_unchecked = False
+
+
+def say_what_is_unchecked() -> None:
+    """On Windows, say once in the log what Kiln does not check there."""
+    global _said_what_windows_leaves_unchecked
+    if not _posix() and not _said_what_windows_leaves_unchecked:
+        _said_what_windows_leaves_unchecked = True
+        log.warning("Kiln: on Windows Kiln does not check the cache directory's owner or ACL: it loads only entries "
+                    "signed with your key in %APPDATA%\\kiln, but anyone who can write the cache directory can "
+                    "delete or replace entries there (they are then refused and compiled again)")
+
+
+def ensure_private_dir(path: str, check_parents: bool = True) -> str:
+    """Create `path` (0700) if missing; refuse one that is a symbolic link, that another user owns or
+    others can write, or (`check_parents`) whose parents someone else could change."""
+    if check_parents:
+        check_parent_dirs(path)
+    if not os.path.lexists(path):
         os.makedirs(path, mode=0o700, exist_ok=True)
         if _posix():
             os.chmod(path, 0o700)  # makedirs' mode is filtered by the umask
+        if check_parents:  # the folders makedirs made on the way, under the umask
+            check_parent_dirs(path)
     check_private(path, "directory")
+    if not os.path.isdir(path):
+        raise CacheTrustError(f"Kiln's cache directory {path} is a file, not a directory: choose another cache_dir")
     return path
 
 
-def check_private(path: str, what: str) -> None:
-    """Raise CacheTrustError unless `path` belongs to this user and no one else can write it (a key
-    file: read it either)."""
+def check_parent_dirs(path: str) -> None:
+    """CacheTrustError unless every existing folder above `path` belongs to this user or root and is
+    not writable by others (a sticky folder such as /tmp excepted): else someone else could swap
+    the cache directory for their own."""
     if not _posix():
         return
-    info = os.stat(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    while True:
+        if os.path.lexists(parent):
+            info = os.lstat(parent)
+            mode = stat.S_IMODE(info.st_mode)
+            if info.st_uid not in (0, os.getuid()):
+                raise CacheTrustError(f"Kiln's cache directory {path} lies in {parent}, which belongs to uid "
+                                      f"{info.st_uid}: they could replace it; choose a directory in folders of your own")
+            if mode & 0o022 and not mode & stat.S_ISVTX:
+                raise CacheTrustError(f"Kiln's cache directory {path} lies in {parent}, which other users can write "
+                                      f"(mode {mode:04o}): they could replace it; run chmod go-w {parent} or choose "
+                                      "another directory")
+        above = os.path.dirname(parent)
+        if above == parent:
+            return
+        parent = above
+
+
+def check_private(path: str, what: str) -> None:
+    """Raise CacheTrustError unless `path` is no symbolic link, belongs to this user and no one else
+    can write it (a key file: read it either)."""
+    if not _posix():
+        return
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise CacheTrustError(f"Kiln's cache {what} {path} is a symbolic link: Kiln reads and writes compiled code only "
+                              "in real files and folders of its own; remove the link")
     if info.st_uid != os.getuid():
         raise CacheTrustError(f"Kiln's cache {what} {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): "
                               "Kiln will not load compiled code from it; choose a cache_dir of your own")
@@ -55,28 +113,30 @@ def check_private(path: str, what: str) -> None:
                               f"load compiled code from it; run chmod {'600' if what == 'key' else '700'} {path}")
 
 
-def signing_key(root: str) -> bytes:
-    """The per-user key in `root`, made on first use (0600). Two processes making it at once agree
-    on one: the key is written aside and linked into place, which fails if another got there first."""
-    path = os.path.join(root, KEY_FILE)
-    if not os.path.exists(path):
+def signing_key(path: str) -> bytes:
+    """The per-user key at `path`, made on first use (0600, in a 0700 folder). Two processes making
+    it at once agree on one: the key is written aside and linked into place, which fails if another
+    got there first."""
+    ensure_private_dir(os.path.dirname(path))
+    if not os.path.lexists(path):
         temp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(32))
+                f.write(secrets.token_bytes(KEY_BYTES))
             try:
                 os.link(temp, path)
             except FileExistsError:
                 pass
         finally:
             os.unlink(temp)
+        log.info("Kiln: made the cache signing key %s", path)
     check_private(path, "key")
     with open(path, "rb") as f:
-        key = f.read()
-    if len(key) != 32:
-        raise CacheTrustError(f"Kiln's cache key {path} is damaged ({len(key)} bytes, not 32): delete it; the entries "
-                              "signed with it will then be refused and compiled again")
+        key = f.read(KEY_BYTES + 1)
+    if len(key) != KEY_BYTES:
+        raise CacheTrustError(f"Kiln's cache key {path} is damaged ({len(key)} bytes, not {KEY_BYTES}): delete it; the "
+                              "entries signed with it will then be refused and compiled again")
     return key
 
 

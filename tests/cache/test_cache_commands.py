@@ -53,3 +53,13 @@ def test_errors_are_one_line_with_a_non_zero_exit(tmp_path, capsys):
         os.chmod(tmp_path / "c", 0o777)
         assert main(["cache", "--dir", str(tmp_path / "c"), "list"]) == 1
         assert "can be written by other users" in capsys.readouterr().out
+
+
+def test_list_shows_a_damaged_entry_and_goes_on(tmp_path, capsys):
+    store = populate(tmp_path / "c")
+    with open(store.path("b" * 32), "r+b") as f:  # a header that is no longer JSON
+        f.seek(len(b"KILN-CACHE-ENTRY 1\n") + 8)
+        f.write(b"\x80")
+    assert main(["cache", "--dir", str(tmp_path / "c"), "list"]) == 0
+    out = capsys.readouterr().out
+    assert "UNREADABLE" in out and "UNetModel graph a" in out

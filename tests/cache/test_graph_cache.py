@@ -192,3 +192,68 @@ def test_a_hit_that_cannot_be_unpacked_degrades_with_one_warning(tmp_path, monke
         compiled, _, event = GraphCache(options).lower(lowering, dict(FIELDS))
     assert event.outcome == "unavailable" and "Read-only" in event.reason and lowering.compiles == 1
     assert compiled(3) == 3 and caplog.text.count("Read-only") == 1
+
+
+@pytest.mark.parametrize("header", [b'{"files": []}', b'{"key": "x", "fields": [], "files": []}', b"[" * 5000])
+def test_an_entry_with_a_bad_header_is_compiled_again_never_eager(tmp_path, header):
+    """A bad header once raised KeyError out of the cache layer: the model ran eagerly."""
+    import struct
+
+    options = CacheOptions(dir=str(tmp_path))
+    key = entry_key(FIELDS)
+    store = CacheStore(str(tmp_path), options.max_bytes)
+    open(store.path(key), "wb").write(store_module.MAGIC + struct.pack(">Q", len(header)) + header)
+    lowering = FakeLowering()
+    compiled, _, event = GraphCache(options).lower(lowering, dict(FIELDS))
+    assert event.outcome == "miss" and "refused" in event.reason and "damaged header" in event.reason
+    assert lowering.compiles == 1 and compiled(4) == 4
+    assert GraphCache(options).lower(FakeLowering(), dict(FIELDS))[2].outcome == "hit"  # stored afresh
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX modes")
+def test_a_work_folder_others_can_write_means_no_cache_not_eager(tmp_path):
+    options = CacheOptions(dir=str(tmp_path))
+    CacheStore(str(tmp_path), options.max_bytes)
+    os.makedirs(tmp_path / "work", mode=0o700)
+    os.chmod(tmp_path / "work", 0o775)
+    lowering = FakeLowering()
+    compiled, _, event = GraphCache(options).lower(lowering, dict(FIELDS))
+    assert event.outcome == "unavailable" and "work can be written by other users" in event.reason
+    assert lowering.compiles == 1 and compiled(2) == 2
+
+
+@pytest.mark.parametrize("max_gb", [float("nan"), float("inf"), -1, 0, True, "20"])
+def test_max_gb_must_be_a_positive_finite_number(max_gb):
+    from kiln.compiler.cache import CacheOptionsError
+
+    with pytest.raises(CacheOptionsError, match="max_gb"):
+        CacheOptions(max_gb=max_gb)
+
+
+def test_a_directory_outside_the_allowed_ones_is_not_used(tmp_path, caplog):
+    """A workflow naming ~ (or any folder) as cache directory: refused, the model compiles without the cache."""
+    from kiln.compiler.cache import describe_cache
+
+    allowed, outside = tmp_path / "user", tmp_path / "home"
+    outside.mkdir()
+    options = CacheOptions(dir=str(outside), within=(str(allowed),))
+    lowering = FakeLowering()
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        compiled, _, event = GraphCache(options).lower(lowering, dict(FIELDS))
+    assert event.outcome == "unavailable" and "outside the directories a workflow may use" in event.reason
+    assert "KILN_CACHE_DIR" in event.reason and lowering.compiles == 1 and compiled(1) == 1
+    assert os.listdir(outside) == [] and "outside the directories" in caplog.text
+    assert "cannot be used" in describe_cache(options) and os.listdir(outside) == []
+    inside = CacheOptions(dir=str(allowed / "kiln-cache"), within=(str(allowed),))
+    assert GraphCache(inside).lower(FakeLowering(), dict(FIELDS))[2].outcome == "miss"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="symbolic links")
+def test_a_link_below_the_allowed_directory_is_refused(tmp_path):
+    allowed, outside = tmp_path / "user", tmp_path / "home"
+    allowed.mkdir()
+    outside.mkdir()
+    os.symlink(outside, allowed / "link")
+    options = CacheOptions(dir=str(allowed / "link" / "cache"), within=(str(allowed),))
+    _, _, event = GraphCache(options).lower(FakeLowering(), dict(FIELDS))
+    assert event.outcome == "unavailable" and "symbolic link" in event.reason and os.listdir(outside) == []

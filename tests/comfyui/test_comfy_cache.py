@@ -34,9 +34,20 @@ def stats(patcher):
     return model_for(patcher.get_model_object("diffusion_model"), plan).stats
 
 
+@pytest.fixture(scope="module", autouse=True)
+def user_directory(tmp_path_factory):
+    """ComfyUI's user directory, where a workflow's cache directory must lie: the test's own."""
+    import folder_paths
+
+    before = folder_paths.get_user_directory()
+    folder_paths.set_user_directory(str(tmp_path_factory.mktemp("user")))
+    yield folder_paths.get_user_directory()
+    folder_paths.set_user_directory(before)
+
+
 @pytest.fixture(scope="module")
-def cold(tmp_path_factory):
-    cache_dir = tmp_path_factory.mktemp("kiln") / "cache"
+def cold(user_directory):
+    cache_dir = os.path.join(user_directory, "cache")
     base = make_tiny_sd15_patcher(seed=0)
     model, report = kiln_nodes(base, cache_dir)
     return cache_dir, base, model, report, sample(model)
@@ -81,3 +92,36 @@ def test_another_model_of_the_architecture_loads_it_and_samples_like_eager(cold,
     lora_eager.add_patches(patches, 0.8)
     assert rel_err(sample(lora_model), sample(lora_eager)) < 1e-4
     assert [e.outcome for e in stats(model).cache] == ["hit"]  # no new graph for the LoRA
+
+
+def test_a_workflow_naming_a_directory_outside_comfyuis_user_directory_compiles_without_the_cache(
+        tmp_path, monkeypatch, caplog):
+    """A stranger's workflow with cache_dir: ~ (or any folder of the user's): nothing is written or
+    deleted there; the node says why, at once and at the first step, and the model still compiles."""
+    import logging
+
+    outside = tmp_path / "home"
+    (outside / "work" / "2024-taxes").mkdir(parents=True)
+    shown = []
+    monkeypatch.setattr(plan_wrapper, "show_text", lambda node, text: shown.append((node, text)))
+    base = make_tiny_sd15_patcher(seed=1)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        cached, report = KilnCacheGraph().cache(base, "use", str(outside), unique_id="13")
+        model = KilnCompileUNet().compile(cached, mode="fast")[0]
+        out = sample(model)
+    assert "cannot be used" in report and "outside the directories a workflow may use" in report
+    assert "KILN_CACHE_DIR" in report and shown[0] == ("13", report)
+    events = stats(model).cache
+    assert stats(model).compile_count >= 1 and not stats(model).fallback
+    assert [e.outcome for e in events] in ([], ["unavailable"])  # mode fast lowers without Inductor: nothing to cache
+    assert "outside the directories a workflow may use" in caplog.text
+    assert sorted(os.listdir(outside)) == ["work"] and os.listdir(outside / "work") == ["2024-taxes"]
+    assert rel_err(out, sample(base)) < 1e-4
+    relative, report = KilnCacheGraph().cache(base, "use", "my-cache")  # a folder in the user directory
+    assert os.path.join(folder_paths_user(), "my-cache") in report and "cannot be used" not in report
+
+
+def folder_paths_user() -> str:
+    import folder_paths
+
+    return folder_paths.get_user_directory()
