@@ -96,7 +96,9 @@ class KilnCacheGraph:
         name = type(model.get_model_object("diffusion_model")).__name__
         problem = compiler.cache_problem(options)
         report = compiler.describe_cache(options, name)
-        if plan.compile is None:
+        if problem:
+            pass  # the report says why, and that models compile without it
+        elif plan.compile is None:
             report += (" It is used once Kiln › Compile UNet is in the chain (before or after this node); hit or miss is "
                        "decided per graph on the first sampling step, and this node and the log say which, and why.")
         elif plan.compile.lowering.uses_inductor:

@@ -69,7 +69,7 @@ class KilnCompileUNet:
                   f"{''.join(' ' + n for n in notes if n)}")
         if options.shapes.pin:
             report += f" Pinned shapes, compiled with it: {', '.join(map(str, options.shapes.pin))}."
-        problem = compiler.cache_problem(cache) if cache is not None else ""
+        problem = compiler.cache_problem(plan.cache) if plan.cache is not None else ""  # its own, or Cache Graph's
         if problem:
             report += f" Kiln's cache cannot be used: {problem}. It compiles without it."
         cache_graph.show_report(report, problem, unique_id)
