@@ -94,7 +94,8 @@ def calibration_run(model, positive, latent, steps: int):
 
 def save(model, path: str, metadata: dict) -> None:
     """Write `model`'s quantized diffusion model (with any patches applied after quantization baked
-    in, as ComfyUI's own savers do) to a safetensors file."""
+    in, as ComfyUI's own savers do) to a safetensors file, atomically: a failed save leaves an
+    existing file as it was (compiler/quantize/file_format.py write_atomically)."""
     import comfy.model_management
 
     from ..compiler import save_quantized

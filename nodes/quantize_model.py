@@ -115,16 +115,19 @@ class KilnLoadQuantizedModel:
         import comfy.utils
         import folder_paths
 
-        _compiler()
+        compiler = _compiler()
         path = folder_paths.get_full_path_or_raise("diffusion_models", unet_name)
         state_dict, metadata = comfy.utils.load_torch_file(path, safe_load=True, return_metadata=True)
         # ComfyUI's older "scaled_fp8" files into its current per-layer format, as its own loader does
         state_dict, metadata = comfy.utils.convert_old_quants(state_dict, "", metadata=metadata)
-        model = comfy.sd.load_diffusion_model_state_dict(state_dict, {"custom_operations": quant_patcher.load_ops()},
-                                                         metadata=metadata)
-        if model is None:
-            raise ValueError(f"ComfyUI could not detect the model type of {path}")
-        swapped = quant_patcher.swap_in_quantized(model.model.diffusion_model)
+        try:  # a damaged layer (checked as ComfyUI's loader reads it) is said with the file's name
+            model = comfy.sd.load_diffusion_model_state_dict(
+                state_dict, {"custom_operations": quant_patcher.load_ops()}, metadata=metadata)
+            if model is None:
+                raise ValueError(f"ComfyUI could not detect the model type of {path}")
+            swapped = quant_patcher.swap_in_quantized(model.model.diffusion_model)
+        except compiler.QuantizeError as error:
+            raise compiler.QuantizeError(f"{path}: {error}") from error
         if not swapped:
             raise ValueError(f"{path} has no quantized layers; load it with ComfyUI's Load Diffusion Model node")
         report = f"Kiln: loaded {unet_name} with {swapped} quantized layers."

@@ -15,10 +15,11 @@ pytest.importorskip("comfy.model_management")
 import comfy.sd  # noqa: E402
 import comfy.utils  # noqa: E402
 import folder_paths  # noqa: E402
+import safetensors.torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 from comfy_testing import DETECTABLE_SD15, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
-from kiln.compiler.quantize import QuantLinear, quantized_layers  # noqa: E402
+from kiln.compiler.quantize import QuantizeError, QuantLinear, quantized_layers  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.plan_wrapper import PLAN_KEY  # noqa: E402
 from kiln.nodes.quantize_model import KilnLoadQuantizedModel, KilnQuantizeModel, KilnSaveQuantizedModel  # noqa: E402
@@ -199,3 +200,35 @@ def test_filename_cannot_leave_the_folder(quantized, models_dir):
     with pytest.raises(ValueError, match="leaves the diffusion_models folder"):
         KilnSaveQuantizedModel().save(quantized["int8_weight"][0], "../escape")
 
+
+
+def test_a_damaged_file_is_refused_naming_the_file_and_the_layer(detectable, models_dir):
+    """An int8 weight rewritten as float32 (before: cast back silently, outputs 250x off)."""
+    KilnSaveQuantizedModel().save(detectable["int8_weight"], "damaged")
+    path = str(models_dir / "damaged.safetensors")
+    with safe_open(path, "pt") as f:
+        tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    layer = next(k[:-len(".kiln_quant")] for k in tensors if k.endswith(".kiln_quant"))
+    tensors[f"{layer}.weight"] = tensors[f"{layer}.weight"].float()
+    safetensors.torch.save_file(tensors, path, metadata=metadata)
+    with pytest.raises(QuantizeError) as caught:
+        KilnLoadQuantizedModel().load("damaged.safetensors")
+    message = str(caught.value)
+    assert message.startswith(f"{path}: layer {layer}'s weight is stored as torch.float32"), message
+
+
+def test_a_failed_save_with_overwrite_leaves_the_old_file(detectable, models_dir, monkeypatch):
+    """Before: the file was written in place, so a failure half way (a full disk) destroyed it."""
+    KilnSaveQuantizedModel().save(detectable["int8_weight"], "kept")
+    path = models_dir / "kept.safetensors"
+    before = path.read_bytes()
+
+    def half_then_fail(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(before[:len(before) // 2])
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(safetensors.torch, "save_file", half_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        KilnSaveQuantizedModel().save(detectable["fp8_e4m3"], "kept", overwrite=True)
+    assert path.read_bytes() == before and os.listdir(models_dir) == ["kept.safetensors"]
+    assert folder_paths.get_filename_list("diffusion_models") == ["kept.safetensors"]
