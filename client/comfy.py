@@ -5,8 +5,10 @@ queues a workflow at each resolution and batch size ahead of time.
 """
 from __future__ import annotations
 
+import http.client
 import json
-import shutil
+import os
+import reprlib
 import time
 import urllib.error
 import urllib.parse
@@ -14,6 +16,10 @@ import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, Optional
+
+MAX_ANSWER_BYTES = 256 * 2**20  # a JSON answer; /object_info with many node packs is tens of MiB
+MAX_NAME_TRIES = 1000  # name.png, name-1.png, ... name-999.png: past that the folder is full of this image
+MAX_NAME_BYTES = 200  # an image's file name; leaves room for '-999' under the usual 255-byte limit
 
 
 class ComfyError(RuntimeError):
@@ -36,6 +42,51 @@ class PromptTimedOut(ComfyError):
     """The prompt did not finish in time; it may still be queued or running on the server."""
 
 
+class ServerAnswerError(ComfyError):
+    """The server's answer makes no sense: cut short, not UTF-8 or not JSON, or not the shape its
+    endpoint gives (a list for an object, a field missing, an image name that is no file name). The
+    message starts 'the server sent' and names the endpoint and what was wrong."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# checking what the server sent: an answer is untrusted (servers are shared on a LAN, or rented)
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+
+
+def shown(value) -> str:
+    """A value from the server, shortened, on one line, for an error message."""
+    return _SHORT.repr(value)
+
+
+_KINDS = {dict: "a JSON object", list: "a list", str: "a string"}
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def require(value, kind: type, where: str):
+    """`value` if it is a `kind` (dict, list or str); else ServerAnswerError saying what `where`
+    ("/prompt's answer") was instead."""
+    if isinstance(value, kind):
+        return value
+    raise ServerAnswerError(f"the server sent {where} as {_kind(value)}, not {_KINDS[kind]}: {shown(value)}")
+
+
+def optional(parent: dict, key: str, kind: type, where: str):
+    """parent[key] checked to be a `kind`; an empty one when it is absent or null."""
+    value = parent.get(key)
+    return kind() if value is None else require(value, kind, f"{key!r} in {where}")
+
+
 class ComfyClient:
     def __init__(self, server: str = "http://127.0.0.1:8188", timeout: float = 3600.0):
         self.server = server.rstrip("/")
@@ -44,40 +95,68 @@ class ComfyClient:
 
     def _open(self, path: str, body: Optional[dict] = None):
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.server + path, data=data, headers={"Content-Type": "application/json"})
         try:
+            if urllib.parse.urlsplit(self.server).scheme not in ("http", "https"):
+                raise ValueError("it does not start with http:// or https://")
+            request = urllib.request.Request(self.server + path, data=data,
+                                             headers={"Content-Type": "application/json"})
             return urllib.request.urlopen(request, timeout=60)
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")
+            with exc:
+                detail = _read_answer(exc, path).decode(errors="replace")
             if path == "/prompt":
                 raise PromptRejected(_rejection(detail)) from None
-            raise ComfyError(f"{self.server}{path}: HTTP {exc.code}: {detail[:500]}") from None
+            raise ComfyError(f"{self.server}{path}: HTTP {exc.code}: {shown(detail)}") from None
+        except (ValueError, http.client.InvalidURL) as exc:
+            raise ComfyError(f"{self.server!r} is not a server address such as http://127.0.0.1:8188 ({exc})") from None
+        except http.client.HTTPException as exc:  # after the connection was made: no answer, or not an HTTP one
+            raise ServerAnswerError(f"the server sent no HTTP answer to {path} ({_why(exc)})") from None
         except (urllib.error.URLError, OSError) as exc:
             raise ComfyUnreachable(f"cannot reach ComfyUI at {self.server} ({getattr(exc, 'reason', exc)}): "
                                    "is it running?") from None
 
     def _request(self, path: str, body: Optional[dict] = None) -> Any:
+        """The JSON an endpoint answers (None for an empty answer). ServerAnswerError if the answer is
+        cut short, too long, not UTF-8 or not JSON."""
         with self._open(path, body) as response:
-            try:
-                return json.loads(response.read() or b"null")
-            except ValueError:
-                raise ComfyError(f"{self.server}{path} did not answer JSON: is this a ComfyUI server?") from None
+            raw = _read_answer(response, path)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ServerAnswerError(f"the server sent {path}'s answer in an encoding that is not UTF-8 "
+                                    f"({exc.reason} at byte {exc.start}): {shown(raw)}") from None
+        try:
+            return json.loads(text) if text else None
+        except (ValueError, RecursionError) as exc:
+            raise ServerAnswerError(f"the server sent {path}'s answer not as JSON ({_why(exc)}): {shown(text)}: "
+                                    f"is {self.server} a ComfyUI server?") from None
 
     def object_info(self) -> dict:
-        """The server's node definitions: {class name: {input, input_order, output, ...}}."""
-        return self._request("/object_info")
+        """The server's node definitions: {class name: {input, input_order, output, ...}}, checked to
+        have the shape kiln reads (ServerAnswerError if not)."""
+        return node_definitions(self._request("/object_info"))
 
     def submit(self, prompt: dict) -> str:
         """Queue an API-format prompt; its prompt id. PromptRejected with the node errors if refused."""
-        answer = self._request("/prompt", {"prompt": prompt, "client_id": self.client_id})
-        return answer["prompt_id"]
+        answer = require(self._request("/prompt", {"prompt": prompt, "client_id": self.client_id}), dict,
+                         "/prompt's answer")
+        if "prompt_id" not in answer:
+            raise ServerAnswerError(f"the server sent /prompt's answer without a prompt_id: {shown(answer)}")
+        prompt_id = answer["prompt_id"]
+        if not isinstance(prompt_id, str) or not prompt_id or not prompt_id.isprintable() or len(prompt_id) > 256:
+            raise ServerAnswerError(f"the server sent a prompt_id that is not a short line of text in /prompt's "
+                                    f"answer: {shown(prompt_id)}")
+        return prompt_id
 
     def history(self, prompt_id: str) -> Optional[dict]:
-        """A prompt's history record once it has finished (or failed); None before."""
-        record = (self._request(f"/history/{prompt_id}") or {}).get(prompt_id)
-        if record and record.get("status", {}).get("completed") is not None:
-            return record
-        return None
+        """A prompt's history record once it has finished (or failed); None before. The record is
+        checked to have the shape kiln reads (ServerAnswerError if not)."""
+        path = f"/history/{urllib.parse.quote(prompt_id, safe='')}"
+        record = require(self._request(path), dict, f"{path}'s answer").get(prompt_id)
+        if record is None:
+            return None
+        record = history_record(record, f"{path}'s record")
+        return record if (record.get("status") or {}).get("completed") is not None else None
 
     def wait(self, prompt_id: str, poll: float = 0.5) -> dict:
         """Wait for a prompt to finish, polling its history; its history record. PromptFailed if it
@@ -98,12 +177,20 @@ class ComfyClient:
 
     def download(self, image: dict, folder: Path) -> Path:
         """Save one output image ({filename, subfolder, type} from a history record) into `folder`
-        through GET /view; its path."""
+        through GET /view; its path. The file is named after the last part of the server's name, and
+        made new: a file or link of that name already there gets name-1.png (name-2.png, ...) beside
+        it, never overwritten or followed. Nothing is left behind if the download breaks."""
+        name = image_file_name(image.get("filename"), "the image to download")
         query = urllib.parse.urlencode({"filename": image["filename"], "subfolder": image.get("subfolder", ""),
                                         "type": image.get("type", "output")})
-        path = Path(folder) / Path(image["filename"]).name  # the server's name, never a path it chose
-        with self._open(f"/view?{query}") as response, open(path, "wb") as f:
-            shutil.copyfileobj(response, f)
+        with self._open(f"/view?{query}") as response:
+            path, file = _create_new_file(Path(folder), name)
+            try:
+                with file:
+                    _copy_answer(response, file, "/view")
+            except BaseException:
+                path.unlink(missing_ok=True)
+                raise
         return path
 
     def websocket_url(self) -> str:
@@ -115,7 +202,7 @@ class ComfyClient:
 
 def check_record(prompt_id: str, record: dict) -> dict:
     """A finished prompt's history record; PromptFailed if it says the prompt failed."""
-    status = record.get("status", {})
+    status = record.get("status") or {}
     if status.get("status_str") == "error":
         raise PromptFailed(f"prompt {prompt_id} failed: {_execution_error(status)}")
     return record
@@ -128,21 +215,149 @@ def output_images(record: dict) -> list[dict]:
             for image in outputs[node_id].get("images") or []]
 
 
+# ---------------------------------------------------------------------------------------------------
+# the shapes of the server's answers, checked where they are read
+
+def history_record(record, where: str) -> dict:
+    """A prompt's history record, checked to have the shape check_record and output_images read:
+    {"status": {"messages": [[kind, {...}], ...], ...}, "outputs": {node id: {"images": [{"filename":
+    a file name, "subfolder": str, "type": str}, ...]}}}. ServerAnswerError names what is not."""
+    record = require(record, dict, where)
+    status = optional(record, "status", dict, where)
+    for message in optional(status, "messages", list, f"'status' in {where}"):
+        if not (isinstance(message, list) and len(message) == 2 and isinstance(message[0], str)
+                and isinstance(message[1], dict)):
+            raise ServerAnswerError(f"the server sent a status message that is not [kind, {{...}}] in {where}: "
+                                    f"{shown(message)}")
+    for node_id, output in optional(record, "outputs", dict, where).items():
+        node = f"the output of node {shown(node_id)} in {where}"
+        for image in optional(require(output, dict, node), "images", list, node):
+            image = require(image, dict, f"an image in {node}")
+            image_file_name(image.get("filename"), node)
+            optional(image, "subfolder", str, f"an image in {node}")
+            optional(image, "type", str, f"an image in {node}")
+    return record
+
+
+def image_file_name(name, where: str) -> str:
+    """The name an image from the server is saved under: the last part of its file name
+    ('../../a.png' -> 'a.png'). ServerAnswerError for a name with no usable last part ('', '.', '..',
+    'dir/'), one with a backslash, a NUL or another control character, or one too long."""
+    name = require(name, str, f"an image's filename in {where}")
+    last = name.rsplit("/", 1)[-1]
+    if last in ("", ".", "..") or "\\" in last or not last.isprintable() or len(last.encode()) > MAX_NAME_BYTES:
+        raise ServerAnswerError(f"the server sent an image named {shown(name)} in {where}: not a file name "
+                                "kiln can save an image under")
+    return last
+
+
+def node_definitions(answer) -> dict:
+    """/object_info's answer, checked to have the shape workflow.py reads: {class name: {"input":
+    {"required" or "optional": {input name: [type or options, ...]}, "hidden": {...}}, "input_order":
+    {section: [input name, ...]}, "output": [...]}}. ServerAnswerError names the node and the part that
+    is not."""
+    definitions = require(answer, dict, "/object_info's answer")
+    for name, info in definitions.items():
+        where = f"node {shown(name)} in /object_info's answer"
+        info = require(info, dict, where)
+        for section, inputs in optional(info, "input", dict, where).items():
+            inputs = require(inputs, dict, f"inputs {shown(section)} of {where}")
+            if section not in ("required", "optional"):
+                continue  # "hidden": input name -> a string such as "PROMPT"
+            for input_name, spec in inputs.items():
+                if not (isinstance(spec, list) and spec):
+                    raise ServerAnswerError(f"the server sent input {shown(input_name)} of {where} as "
+                                            f"{shown(spec)}, not a list [type or options, ...]")
+        for section, names in optional(info, "input_order", dict, where).items():
+            names = require(names, list, f"input_order {shown(section)} of {where}")
+            if not all(isinstance(input_name, str) for input_name in names):
+                raise ServerAnswerError(f"the server sent input_order {shown(section)} of {where} with a name "
+                                        f"that is not a string: {shown(names)}")
+        optional(info, "output", list, where)
+    return definitions
+
+
+def _read_answer(response, path: str, limit: int = MAX_ANSWER_BYTES) -> bytes:
+    """A whole answer's body; ServerAnswerError if it is cut short or longer than `limit` bytes."""
+    try:
+        body = response.read(limit + 1)
+    except (http.client.HTTPException, OSError) as exc:  # IncompleteRead, a chunk cut off, a reset
+        raise ServerAnswerError(f"the server sent {path}'s answer cut short ({_why(exc)})") from None
+    if len(body) > limit:
+        raise ServerAnswerError(f"the server sent {path}'s answer longer than {limit} bytes")
+    _check_complete(response, path, len(body))
+    return body
+
+
+def _copy_answer(response, file, path: str) -> None:
+    """Write an answer's body to `file` as it comes; ServerAnswerError if it is cut short."""
+    copied = 0
+    while True:
+        try:
+            chunk = response.read(2**20)
+        except (http.client.HTTPException, OSError) as exc:
+            raise ServerAnswerError(f"the server sent {path}'s answer cut short ({_why(exc)})") from None
+        if not chunk:
+            break
+        file.write(chunk)
+        copied += len(chunk)
+    _check_complete(response, path, copied)
+
+
+def _check_complete(response, path: str, got: int) -> None:
+    # http.client's read(n) returns what came before the connection ended without complaint; the
+    # bytes its Content-Length announced and that never came are left in .length
+    missing = getattr(response, "length", None)
+    if missing:
+        raise ServerAnswerError(f"the server sent {path}'s answer cut short ({got} bytes of the {got + missing} "
+                                "it announced)")
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {shown(str(exc))}"
+
+
+def _create_new_file(folder: Path, name: str):
+    """(path, file open for writing) of a file made new in `folder` under `name`, or name-1.png,
+    name-2.png, ... when the name is taken (by a file, a folder or a symbolic link, which is never
+    followed). ComfyError when MAX_NAME_TRIES names are all taken, or the folder cannot be written."""
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    stem, suffix = Path(name).stem, Path(name).suffix
+    for number in range(MAX_NAME_TRIES):
+        path = folder / (f"{stem}-{number}{suffix}" if number else name)
+        try:
+            return path, os.fdopen(os.open(path, flags, 0o666), "wb")
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise ComfyError(f"cannot save image {name} in {folder}: {exc.strerror or exc}") from None
+    raise ComfyError(f"cannot save image {name} in {folder}: {name} and {stem}-1{suffix} to "
+                     f"{stem}-{MAX_NAME_TRIES - 1}{suffix} are all taken")
+
+
 def _rejection(detail: str) -> str:
+    """What ComfyUI's answer to a refused prompt (HTTP 400) says: its error, and each node's errors."""
     try:
         answer = json.loads(detail)
-    except ValueError:
+    except (ValueError, RecursionError):
         return f"ComfyUI rejected the prompt: {detail[:500]}"
-    error = answer.get("error", {})
-    lines = [f"ComfyUI rejected the prompt: {error.get('message', '')} {error.get('details', '')}".strip()]
-    for node, info in (answer.get("node_errors") or {}).items():
-        for problem in info.get("errors", []):
+    where = "/prompt's rejection"
+    answer = require(answer, dict, where)
+    error = answer.get("error")
+    if not isinstance(error, str):  # ComfyUI sends {"message", "details", ...}; older servers a line of text
+        error = optional(answer, "error", dict, where)
+        error = f"{error.get('message', '')} {error.get('details', '')}"
+    lines = [f"ComfyUI rejected the prompt: {error}".strip()]
+    for node, info in optional(answer, "node_errors", dict, where).items():
+        info = require(info, dict, f"node {shown(node)}'s errors in {where}")
+        for problem in optional(info, "errors", list, f"node {shown(node)}'s errors in {where}"):
+            problem = require(problem, dict, f"an error of node {shown(node)} in {where}")
             lines.append(f"  node {node} ({info.get('class_type')}): {problem.get('message')}: {problem.get('details')}")
     return "\n".join(lines)
 
 
 def _execution_error(status: dict) -> str:
-    for kind, data in status.get("messages", []):
+    for kind, data in status.get("messages") or []:
         if kind in ("execution_error", "execution_interrupted"):
             return execution_error_text(kind, data)
     return "see the server's log"

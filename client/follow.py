@@ -17,12 +17,14 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from .comfy import ComfyClient, PromptFailed, PromptTimedOut, check_record, execution_error_text
+from .comfy import (ComfyClient, PromptFailed, PromptTimedOut, ServerAnswerError, check_record, execution_error_text,
+                    optional, require, shown)
 
 PROGRESS_TEXT = 3  # ComfyUI's BinaryEventTypes.TEXT
 COMPILE_LINE = re.compile(r"(?:^|: )Kiln compiled graph \S+ in ([0-9.]+)s \(([^)]*)\)")
 QUIET_SECONDS = 10.0  # with no message for this long, the history says whether the prompt ended unseen
 HISTORY_WAIT_SECONDS = 10.0  # the history record is written just after the prompt's last message
+MAX_COUNT = 1e15  # a progress value or max past this (or NaN, or infinite) is no count of steps
 
 
 @dataclass
@@ -82,7 +84,7 @@ def follow(ws, client: ComfyClient, run: PromptRun, prompt: dict, display, deadl
         quiet_since = time.monotonic()
         if isinstance(message, bytes):
             _progress_text(message, run, kiln_nodes, display)
-        elif _event(json.loads(message), run, prompt, display):
+        elif _event(json_message(message), run, prompt, display):
             run.record = _history(client, run)
             return run
 
@@ -105,22 +107,36 @@ def _timed_out(run: PromptRun, deadline: float) -> PromptTimedOut:
                           "(it may still be queued or running on the server)")
 
 
+def json_message(text: str) -> dict:
+    """A JSON message from the websocket ({"type": ..., "data": {...}}), checked to be one;
+    ServerAnswerError if it is not JSON, not an object, or its data is not an object."""
+    try:
+        message = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ServerAnswerError(f"the server sent a websocket message that is not JSON ({exc.__class__.__name__}: "
+                                f"{shown(str(exc))}): {shown(text)}") from None
+    message = require(message, dict, "a websocket message")
+    optional(message, "data", dict, f"a websocket message of type {shown(message.get('type'))}")
+    return message
+
+
 def _event(message: dict, run: PromptRun, prompt: dict, display) -> bool:
-    """Take one JSON message into `run`; True when it ends the prompt."""
+    """Take one JSON message (checked by json_message) into `run`; True when it ends the prompt."""
     kind, data = message.get("type"), message.get("data") or {}
     if data.get("prompt_id") != run.prompt_id:
         return False  # status messages, and other prompts'
+    where = f"the websocket's {shown(kind)} message"
     if kind == "execution_start":
         run.started = time.monotonic()
     elif kind == "execution_cached":
-        run.cached = [str(node) for node in data.get("nodes") or []]
+        run.cached = [str(node) for node in optional(data, "nodes", list, where)]
     elif kind == "executing" and data.get("node") is not None:
         node_id = str(data["node"])
         run.executed.append(node_id)
         display.node(node_id, _title(prompt, node_id))
     elif kind == "progress":
         node_id = str(data.get("node"))
-        display.step(node_id, _title(prompt, node_id), data.get("value", 0), data.get("max", 0))
+        display.step(node_id, _title(prompt, node_id), _count(data, "value", where), _count(data, "max", where))
     elif kind in ("execution_error", "execution_interrupted"):
         run.finished = time.monotonic()
         display.done()
@@ -130,6 +146,14 @@ def _event(message: dict, run: PromptRun, prompt: dict, display) -> bool:
         display.done()
         return True
     return False
+
+
+def _count(data: dict, key: str, where: str) -> float:
+    """A progress message's value or max: a number within +-MAX_COUNT (0 when absent)."""
+    value = data.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_COUNT <= value <= MAX_COUNT:
+        raise ServerAnswerError(f"the server sent {key!r} in {where} as {shown(value)}, not a number of steps")
+    return value
 
 
 def _progress_text(message: bytes, run: PromptRun, kiln_nodes: dict, display) -> None:

@@ -24,7 +24,7 @@ class ProgressBar:
 
     def step(self, node_id: str, title: str, value: int, maximum: int) -> None:
         if self.tty:
-            filled = int(WIDTH * value / maximum) if maximum else 0
+            filled = _filled(value, maximum)
             self._draw(f"{self.label}  {title}  [{'#' * filled}{'-' * (WIDTH - filled)}]  {value}/{maximum}")
         elif maximum and value >= maximum:
             self._line(f"{self.label}  {title}  {value}/{maximum}")
@@ -49,3 +49,11 @@ class ProgressBar:
         self.done()
         self.stream.write(text + "\n")
         self.stream.flush()
+
+
+def _filled(value: float, maximum: float) -> int:
+    """How many of the bar's WIDTH cells `value` of `maximum` fills, 0 to WIDTH whatever the numbers
+    (the server sends them: value / maximum is only taken below 1, where it cannot overflow)."""
+    if maximum <= 0 or value <= 0:
+        return 0
+    return WIDTH if value >= maximum else int(WIDTH * (value / maximum))

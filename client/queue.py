@@ -127,7 +127,7 @@ def run_all(client: ComfyClient, jobs: list[tuple[dict, dict]], args: argparse.N
         current = None
     except KeyboardInterrupt:
         return _interrupted(client, current)
-    except ComfyError as exc:  # an answer from the server that makes no sense (an HTTP error, not JSON)
+    except ComfyError as exc:  # an answer from the server that makes no sense (ServerAnswerError, an HTTP error)
         return _fail(str(exc), 1)
     finally:
         if ws is not None:
@@ -159,9 +159,13 @@ def _wait(client: ComfyClient, ws, run: PromptRun, prompt: dict, bar: ProgressBa
             return ws
         except WebSocketError as exc:
             bar.done()
+            ws.close()
             print(f"kiln queue: the websocket broke ({exc}): following the prompts by polling /history from here "
                   "(no progress, no Kiln compile lines, total times only)", file=sys.stderr)
             run.started = None
+        except ComfyError:
+            bar.done()  # the error's line starts on a line of its own
+            raise
     poll(client, run, deadline)
     return None
 

@@ -8,6 +8,9 @@ execution_start, execution_cached, executing per node, progress per sampling ste
     with FakeComfy() as comfy:
         comfy.fail_on = "3"          # that node raises while running
         main(["queue", path, "--server", comfy.url])
+
+It can also answer like a broken or hostile server: raw HTTP answers by endpoint (`answers`, built
+with http_answer), history records edited (`edit_record`), raw websocket frames (`ws_frames`).
 """
 import json
 import queue
@@ -170,6 +173,14 @@ API_PROMPT = {
 }
 
 
+def http_answer(body: bytes, status: str = "200 OK", length: int | None = None,
+                content_type: str = "application/json") -> bytes:
+    """A raw HTTP answer for FakeComfy.answers; `length` is the Content-Length it announces (the body's
+    own by default: more cuts the body short)."""
+    return (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: "
+            f"{len(body) if length is None else length}\r\nConnection: close\r\n\r\n").encode() + body
+
+
 def kiln_compile_text(prompt: dict) -> str:
     """What Kiln › Compile UNet shows on itself for a prompt: a compile for each new batch size."""
     batch = prompt["5"]["inputs"]["batch_size"]
@@ -182,7 +193,10 @@ class FakeComfy:
     """Behaviour, set before queueing: reject (the JSON POST /prompt answers with status 400), fail_on (a node
     id that raises), hang (prompts never start), silent_end (a prompt's last messages are lost; its history
     has it), websocket (False: /ws is refused), kiln_text (prompt -> the text Kiln's node shows, or None),
-    step_seconds (per sampling step)."""
+    step_seconds (per sampling step). A broken or hostile server: answers (endpoint, e.g. "/object_info",
+    "/prompt", "/history", "/view" -> the raw bytes sent instead of its answer, then the connection is
+    closed), edit_record (a history record -> what /history gives in its place), ws_frames (raw bytes
+    sent on the websocket right after its first status message)."""
 
     def __init__(self):
         self.prompts: list[tuple[str, dict]] = []
@@ -195,6 +209,9 @@ class FakeComfy:
         self.websocket = True
         self.kiln_text = kiln_compile_text
         self.step_seconds = 0.01
+        self.answers: dict[str, bytes] = {}
+        self.edit_record = None
+        self.ws_frames: list[bytes] = []
         self.sockets: dict[str, tuple] = {}  # client id -> (socket, write lock)
         self.jobs: queue.Queue = queue.Queue()
         self.images = 0
@@ -225,9 +242,17 @@ class FakeComfy:
 
     def _frame(self, client_id: str, opcode: int, payload: bytes) -> None:
         if client_id in self.sockets:
-            sock, lock = self.sockets[client_id]
-            with lock:
-                sock.sendall(encode_frame(opcode, payload, mask=False))
+            self._send_raw(client_id, encode_frame(opcode, payload, mask=False))
+
+    def _send_raw(self, client_id: str, data: bytes) -> None:
+        sock, lock = self.sockets.get(client_id, (None, None))
+        if sock is None:
+            return
+        with lock:
+            try:
+                sock.sendall(data)
+            except OSError:  # the client has gone (it may hang up on a broken stream): nothing more to it
+                self.sockets.pop(client_id, None)
 
     # -- running prompts, one at a time as ComfyUI does
     def _work(self) -> None:
@@ -311,9 +336,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _raw_answer(self, path: str) -> bool:
+        """Send the raw answer the test set for this endpoint, if any; True if it did."""
+        raw = self.fake.answers.get("/" + path.split("/")[1])
+        if raw is None:
+            return False
+        self.wfile.write(raw)
+        self.wfile.flush()
+        self.close_connection = True
+        return True
+
     def do_GET(self):
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
+        if self._raw_answer(url.path):
+            return
         if url.path == "/ws" and self.fake.websocket:
             return self._websocket(query.get("clientId", ""))
         if url.path == "/object_info":
@@ -321,6 +358,8 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path.startswith("/history/"):
             prompt_id = url.path.rsplit("/", 1)[-1]
             record = self.fake.history.get(prompt_id)
+            if record and self.fake.edit_record:
+                record = self.fake.edit_record(json.loads(json.dumps(record)))
             return self._answer(200, {prompt_id: record} if record else {})
         if url.path == "/view" and query.get("type") == "output":
             return self._answer(200, b"PNG " + query["filename"].encode(), "image/png")
@@ -328,6 +367,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        if self._raw_answer(self.path):
+            return
         if self.path == "/prompt":
             if self.fake.reject:
                 return self._answer(400, self.fake.reject)
@@ -350,6 +391,8 @@ class _Handler(BaseHTTPRequestHandler):
                               f"Sec-WebSocket-Accept: {accept_key(key)}\r\n\r\n").encode())
             self.wfile.flush()
         self.fake.send(client_id, "status", {"status": {"exec_info": {"queue_remaining": 0}}, "sid": client_id})
+        for frame in self.fake.ws_frames:
+            self.fake._send_raw(client_id, frame)
         buffer = b""
         try:
             while True:

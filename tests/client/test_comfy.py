@@ -1,10 +1,19 @@
 """client/comfy.py: the HTTP client's pieces kiln queue relies on (the rest is exercised end to end in
-test_queue.py and by kiln warm's tests in tests/cache/test_warm.py)."""
+test_queue.py and by kiln warm's tests in tests/cache/test_warm.py); images saved into --out never
+overwrite a file or follow a link, and a broken download leaves nothing behind; kiln warm says what an
+odd server sent."""
+import json
+import os
+
 import pytest
 
-from fake_comfy import API_PROMPT, FakeComfy
-from kiln.client.comfy import (ComfyClient, PromptFailed, PromptRejected, check_record, output_images,
-                               parse_value)
+from fake_comfy import API_PROMPT, FakeComfy, http_answer
+from kiln.cli import main
+from kiln.client import comfy as comfy_module
+from kiln.client.comfy import (ComfyClient, ComfyError, PromptFailed, PromptRejected, ServerAnswerError, check_record,
+                               output_images, parse_value)
+
+IMAGE = {"filename": "kiln_00001_.png", "subfolder": "", "type": "output"}
 
 
 def test_images_are_downloaded_under_their_own_name_only(tmp_path):
@@ -39,3 +48,89 @@ def test_history_records():
 
 def test_command_line_values():
     assert [parse_value(v) for v in ("7", "7.5", "true", '"7"', "euler", "[1, 2]")] == [7, 7.5, True, "7", "euler", [1, 2]]
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="no symbolic links here")
+def test_a_link_named_like_the_image_is_not_followed(tmp_path):
+    target = tmp_path / "elsewhere" / "precious.txt"
+    target.parent.mkdir()
+    target.write_bytes(b"keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kiln_00001_.png").symlink_to(target)
+    (out / "kiln_00001_-1.png").symlink_to(tmp_path / "elsewhere" / "missing.png")  # a dangling one too
+    with FakeComfy() as fake:
+        path = ComfyClient(fake.url).download(IMAGE, out)
+    assert path == out / "kiln_00001_-2.png" and path.read_bytes() == b"PNG kiln_00001_.png"
+    assert target.read_bytes() == b"keep me" and os.readlink(out / "kiln_00001_.png") == str(target)
+    assert not (tmp_path / "elsewhere" / "missing.png").exists()
+
+
+def test_a_file_named_like_the_image_is_not_overwritten(tmp_path):
+    (tmp_path / "kiln_00001_.png").write_bytes(b"mine")
+    with FakeComfy() as fake:
+        client = ComfyClient(fake.url)
+        paths = [client.download(IMAGE, tmp_path) for _ in range(2)]
+    assert paths == [tmp_path / "kiln_00001_-1.png", tmp_path / "kiln_00001_-2.png"]
+    assert (tmp_path / "kiln_00001_.png").read_bytes() == b"mine"
+    assert all(path.read_bytes() == b"PNG kiln_00001_.png" for path in paths)
+
+
+def test_numbered_names_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(comfy_module, "MAX_NAME_TRIES", 3)
+    for name in ("a.png", "a-1.png", "a-2.png"):
+        (tmp_path / name).write_bytes(b"mine")
+    with FakeComfy() as fake, pytest.raises(ComfyError, match="cannot save image a.png in .*: a.png and a-1.png to "
+                                                              "a-2.png are all taken"):
+        ComfyClient(fake.url).download({"filename": "a.png"}, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-1.png", "a-2.png", "a.png"]
+
+
+@pytest.mark.parametrize("answer, says", [
+    (http_answer(b"PNG half", length=100, content_type="image/png"),
+     "cut short \\(8 bytes of the 100 it announced\\)"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nPNG", "cut short \\(IncompleteRead: "),
+], ids=["content-length", "chunked"])
+def test_a_download_cut_short_leaves_no_file(tmp_path, answer, says):
+    with FakeComfy() as fake:
+        fake.answers["/view"] = answer
+        with pytest.raises(ServerAnswerError, match="^the server sent /view's answer " + says):
+            ComfyClient(fake.url).download(IMAGE, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_http_error_is_one_line():
+    with FakeComfy() as fake:
+        fake.answers["/object_info"] = http_answer(b"Traceback (most recent call last):\n  boom\n", "500 Oops")
+        with pytest.raises(ComfyError) as error:
+            ComfyClient(fake.url).object_info()
+    assert str(error.value) == (f"{fake.url}/object_info: HTTP 500: 'Traceback (most recent call last):\\n  boom\\n'")
+
+
+@pytest.mark.parametrize("rejection, says", [
+    ({"error": "no prompt", "node_errors": {}}, None),
+    ({"error": {"message": "bad"}, "node_errors": []}, "'node_errors' in /prompt's rejection as a list"),
+    ({"error": {"message": "bad"}, "node_errors": {"3": {"errors": ["too small"]}}},
+     "an error of node '3' in /prompt's rejection as a string, not a JSON object: 'too small'"),
+], ids=["error-as-text", "node_errors-a-list", "an-error-a-string"])
+def test_a_rejection_is_read_for_its_shape(rejection, says):
+    with FakeComfy() as fake:
+        fake.reject = rejection
+        if says is None:
+            with pytest.raises(PromptRejected, match="^ComfyUI rejected the prompt: no prompt$"):
+                ComfyClient(fake.url).submit(API_PROMPT)
+        else:
+            with pytest.raises(ServerAnswerError, match="^the server sent " + says):
+                ComfyClient(fake.url).submit(API_PROMPT)
+
+
+def test_kiln_warm_says_what_the_server_sent(tmp_path, capsys):
+    path = tmp_path / "api.json"
+    path.write_text(json.dumps(API_PROMPT))
+    with FakeComfy() as fake:
+        fake.answers["/history"] = http_answer(b'{"oops": ')
+        assert main(["warm", str(path), "--server", fake.url, "--shapes", "64x64"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1].startswith("kiln warm: the server sent /history/") and "Traceback" not in (
+        captured.out + captured.err)
+    assert "'s answer not as JSON (JSONDecodeError: " in captured.out

@@ -1,14 +1,19 @@
 """`kiln queue` end to end against a stand-in ComfyUI (tests/fake_comfy.py: HTTP and websocket): a prompt
 followed to its images and Kiln's compile lines, a sweep and its table, UI-format input, and each error
 with its exit status (server down, a node or model the server lacks, a rejected prompt, a failed prompt,
-a timeout, the websocket refused)."""
+a timeout, the websocket refused); and a broken or hostile server: every odd answer (cut short, not
+UTF-8, not JSON, the wrong shape, an image name that is no file name, a websocket message that is not
+JSON) ends it with exit status 1 and one line on stderr saying what the server sent, no traceback; a
+websocket that breaks the protocol is left for polling /history."""
 import json
 import socket
 
 import pytest
 
-from fake_comfy import API_PROMPT, UI_WORKFLOW, FakeComfy
+from fake_comfy import API_PROMPT, UI_WORKFLOW, FakeComfy, http_answer
 from kiln.cli import main
+from kiln.client.comfy import shown
+from kiln.client.websocket import CONTINUATION, TEXT, encode_frame
 
 
 @pytest.fixture
@@ -186,3 +191,138 @@ def test_kiln_queue_never_imports_comfyui():
             "'server', 'nodes', 'execution')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+
+# -- a broken or hostile server
+
+def the_server_sent(capsys) -> str:
+    """kiln queue's one line on stderr besides the progress lines: what the server sent. No traceback."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if not line.startswith("prompt 1/1  ")]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith("kiln queue: the server sent "), err
+    return lines[0]
+
+
+def json_answer(value) -> bytes:
+    return http_answer(json.dumps(value).encode())
+
+
+CUT_CHUNK = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n100\r\n{\"KSampler\": "  # 256 bytes announced
+
+
+@pytest.mark.parametrize("endpoint, answer, says", [
+    ("/object_info", http_answer(b'{"KSampler": {"input"', length=1000),
+     "/object_info's answer cut short (21 bytes of the 1000 it announced)"),
+    ("/object_info", CUT_CHUNK, "/object_info's answer cut short (IncompleteRead: "),
+    ("/object_info", http_answer(b'{"KSampler": "\xff\xfe"}'),
+     "/object_info's answer in an encoding that is not UTF-8 (invalid start byte at byte 14): b'{\"KSampler\""),
+    ("/object_info", http_answer(b"<html>hello</html>", content_type="text/html"),
+     "/object_info's answer not as JSON (JSONDecodeError: 'Expecting value: line 1 column 1 (char 0)'): "
+     "'<html>hello</html>': is http://127.0.0.1:"),
+    ("/object_info", http_answer(b"[" * 100000 + b"]" * 100000), "/object_info's answer not as JSON (RecursionError: "),
+    ("/object_info", json_answer([1, 2]), "/object_info's answer as a list, not a JSON object: [1, 2]"),
+    ("/object_info", json_answer({"KSampler": ["x"]}), "node 'KSampler' in /object_info's answer as a list"),
+    ("/object_info", json_answer({"KSampler": {"input": {"required": {"seed": "INT"}}}}),
+     "input 'seed' of node 'KSampler' in /object_info's answer as 'INT', not a list [type or options, ...]"),
+    ("/object_info", json_answer({"KSampler": {"input_order": {"required": "seed"}}}),
+     "input_order 'required' of node 'KSampler' in /object_info's answer as a string, not a list"),
+    ("/object_info", json_answer({"KSampler": {"output": {"LATENT": 0}}}),
+     "'output' in node 'KSampler' in /object_info's answer as a JSON object, not a list"),
+    ("/prompt", json_answer(["p1"]), "/prompt's answer as a list, not a JSON object: ['p1']"),
+    ("/prompt", json_answer({"number": 1, "node_errors": {}}),
+     "/prompt's answer without a prompt_id: {'node_errors': {}, 'number': 1}"),
+    ("/prompt", json_answer({"prompt_id": 7}), "a prompt_id that is not a short line of text in /prompt's answer: 7"),
+    ("/prompt", json_answer({"prompt_id": "p1\x1b[2J"}), "a prompt_id that is not a short line of text"),
+    ("/prompt", b"HELLO\r\n\r\n", "no HTTP answer to /prompt (BadStatusLine: "),
+    ("/prompt", b"", "no HTTP answer to /prompt (RemoteDisconnected: 'Remote end closed connection without response')"),
+    ("/prompt", http_answer(b"[1]", status="400 Bad Request"), "/prompt's rejection as a list, not a JSON object"),
+    ("/history", json_answer([]), "/history/"),
+], ids=["object_info-cut-short", "object_info-chunk-cut-short", "object_info-not-utf8", "object_info-html",
+        "object_info-nested-too-deep", "object_info-a-list", "object_info-node-a-list", "object_info-spec-a-string",
+        "object_info-input_order-a-string", "object_info-output-an-object", "prompt-a-list", "prompt-no-prompt_id",
+        "prompt-prompt_id-a-number", "prompt-prompt_id-escape-codes", "prompt-not-http", "prompt-no-answer",
+        "prompt-rejection-a-list", "history-a-list"])
+def test_an_odd_http_answer_ends_it_with_one_line(comfy, workflow, capsys, endpoint, answer, says):
+    comfy.answers[endpoint] = answer
+    assert queue(workflow, "--server", comfy.url) == 1
+    line = the_server_sent(capsys)
+    assert line.startswith(f"kiln queue: the server sent {says}"), line
+    if endpoint == "/history":
+        assert line.endswith(f"'s answer as a list, not a JSON object: []") and comfy.prompts[0][0] in line
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda record: ["done"], "/history/ID's record as a list, not a JSON object: ['done']"),
+    (lambda record: {**record, "status": "success"}, "'status' in /history/ID's record as a string, not a JSON object"),
+    (lambda record: {**record, "outputs": ["9"]}, "'outputs' in /history/ID's record as a list"),
+    (lambda record: {**record, "outputs": {"9": {"images": "kiln.png"}}},
+     "'images' in the output of node '9' in /history/ID's record as a string, not a list"),
+    (lambda record: {**record, "outputs": {"9": {"images": [{"filename": "a.png", "subfolder": ["x"]}]}}},
+     "'subfolder' in an image in the output of node '9' in /history/ID's record as a list, not a string"),
+    (lambda record: {**record, "status": {**record["status"], "messages": [["execution_start"]]}},
+     "a status message that is not [kind, {...}] in /history/ID's record: ['execution_start']"),
+], ids=["record-a-list", "status-a-string", "outputs-a-list", "images-a-string", "subfolder-a-list", "message-no-pair"])
+def test_an_odd_history_record_ends_it_with_one_line(comfy, workflow, capsys, edit, says):
+    comfy.edit_record = edit
+    assert queue(workflow, "--server", comfy.url) == 1
+    line = the_server_sent(capsys)
+    assert line.startswith("kiln queue: the server sent " + says.replace("ID", comfy.prompts[0][0])), line
+
+
+@pytest.mark.parametrize("name", ["..", "", ".", "images/..", "images/", "a\\..\\b.png", "a\x00b.png", "\x1b[2J.png",
+                                  "k" * 201 + ".png", 5],
+                         ids=["dotdot", "empty", "dot", "ends-in-dotdot", "ends-in-slash", "backslashes", "nul",
+                              "escape", "too-long", "a-number"])
+def test_an_image_name_that_is_no_file_name_ends_it_with_one_line(comfy, workflow, tmp_path, capsys, name):
+    out = tmp_path / "out" / "images"
+    comfy.edit_record = lambda record: {**record, "outputs": {"9": {"images": [
+        {"filename": name, "subfolder": "", "type": "output"}]}}}
+    assert queue(workflow, "--server", comfy.url, "--out", out) == 1
+    line = the_server_sent(capsys)
+    if isinstance(name, str):
+        assert line == (f"kiln queue: the server sent an image named {shown(name)} in the output of node '9' in "
+                        f"/history/{comfy.prompts[0][0]}'s record: not a file name kiln can save an image under")
+    else:
+        assert "an image's filename in the output of node '9'" in line and "as a number, not a string: 5" in line
+    assert list((tmp_path / "out").rglob("*")) == [out]  # nothing written, in the folder or above it
+
+
+@pytest.mark.parametrize("text, says", [
+    (b"{nope", "a websocket message that is not JSON (JSONDecodeError: "),
+    (b"[1, 2]", "a websocket message as a list, not a JSON object: [1, 2]"),
+    (b'{"type": "status", "data": "idle"}', "'data' in a websocket message of type 'status' as a string, not a JSON "
+                                           "object: 'idle'"),
+], ids=["not-json", "a-list", "data-a-string"])
+def test_a_websocket_message_that_is_no_json_object_ends_it_with_one_line(comfy, workflow, capsys, text, says):
+    comfy.ws_frames = [encode_frame(TEXT, text, mask=False)]
+    assert queue(workflow, "--server", comfy.url) == 1
+    assert the_server_sent(capsys).startswith("kiln queue: the server sent " + says)
+
+
+@pytest.mark.parametrize("frames, says", [
+    ([encode_frame(TEXT, b'{"type": "\xff"}', mask=False)],
+     "the server sent a websocket text message that is not UTF-8 (invalid start byte at byte 10 of 13)"),
+    ([encode_frame(TEXT, b"a" * 600, mask=False, fin=False), encode_frame(CONTINUATION, b"b" * 600, mask=False)],
+     "a websocket message of 1200 bytes or more (the most kiln takes is 1000): the stream is broken"),
+], ids=["text-not-utf8", "fragments-past-the-cap"])
+def test_a_websocket_that_breaks_the_protocol_is_left_for_polling(comfy, workflow, capsys, monkeypatch, frames, says):
+    from kiln.client import websocket
+
+    monkeypatch.setattr(websocket, "MAX_MESSAGE_BYTES", 1000)
+    comfy.ws_frames = frames
+    assert queue(workflow, "--server", comfy.url) == 0
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line == (f"kiln queue: the websocket broke ({says}): following the prompts by polling /history from "
+                    "here (no progress, no Kiln compile lines, total times only)")
+    assert captured.out.startswith("prompt 1/1: took ") and "1 image(s)" in captured.out
+
+
+@pytest.mark.parametrize("server, why", [("127.0.0.1:8188", "it does not start with http:// or https://"),
+                                         ("http://127.0.0.1:port", "nonnumeric port")])
+def test_a_server_address_that_is_not_one(workflow, capsys, server, why):
+    assert queue(workflow, "--server", server) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"kiln queue: {server!r} is not a server address such as http://127.0.0.1:8188 ({why}")

@@ -1,6 +1,9 @@
 """client/websocket.py against a tiny in-test socket server: the handshake, text and binary messages of
 each length encoding, a fragmented message, ping/pong, close, timeouts (a frame split across reads is
-not lost), a refused handshake and a dropped connection."""
+not lost), a refused handshake and a dropped connection; and a server that breaks the protocol (a
+fragmented message over the cap, text that is not UTF-8, frames a client must refuse, random bytes), a
+large message read in linear time."""
+import random
 import socket
 import struct
 import threading
@@ -121,3 +124,111 @@ def test_frames_round_trip_and_partial_buffers_wait():
     assert accept_key("dGhlIHNhbXBsZSBub25jZQ==") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="  # RFC 6455's own example
     with pytest.raises(WebSocketError, match="ws:// or wss://"):
         WebSocket.connect("http://127.0.0.1:1/ws")
+
+
+# -- a server that breaks the protocol: only WebSocketError comes out, and memory and time stay bounded
+
+def test_a_fragmented_message_is_capped_as_a_whole(monkeypatch):
+    """Each fragment is under the cap, their sum is not: refused at the header of the fragment that passes
+    it, without waiting for its payload."""
+    from kiln.client import websocket
+
+    monkeypatch.setattr(websocket, "MAX_MESSAGE_BYTES", 1000)
+    client, server = socket.socketpair()
+    with client, server:
+        server.sendall(encode_frame(TEXT, b"a" * 500, mask=False, fin=False)
+                       + encode_frame(CONTINUATION, b"b" * 500, mask=False))       # 1000 in all: taken
+        ws = WebSocket(client)
+        assert ws.receive(timeout=5) == "a" * 500 + "b" * 500
+        server.sendall(encode_frame(TEXT, b"a" * 600, mask=False, fin=False)
+                       + encode_frame(CONTINUATION, b"b" * 600, mask=False)[:4])  # its header only
+        with pytest.raises(WebSocketError, match="a websocket message of 1200 bytes or more \\(the most kiln "
+                                                 "takes is 1000\\)"):
+            ws.receive(timeout=5)
+
+
+def test_a_text_message_that_is_not_utf8_is_a_websocket_error():
+    client, server = socket.socketpair()
+    with client, server:
+        server.sendall(encode_frame(TEXT, b'{"type": "\xff\xfe"}', mask=False))
+        with pytest.raises(WebSocketError, match="a websocket text message that is not UTF-8 \\(invalid start "
+                                                 "byte at byte 10 of 14\\)"):
+            WebSocket(client).receive(timeout=5)
+
+
+@pytest.mark.parametrize("frame, says", [
+    (encode_frame(PING, b"p" * 126, mask=False), "control frame \\(opcode 0x9\\) of 126 bytes"),
+    (encode_frame(PING, b"p", mask=False, fin=False), "control frame \\(opcode 0x9\\) of 1 bytes, fragmented"),
+    (bytes([0x80 | 0x40 | TEXT, 1]) + b"x", "reserved bits set \\(first byte 0xc1\\)"),
+    (encode_frame(0x3, b"x" * 200, mask=False)[:4], "unexpected websocket frame \\(opcode 0x3\\)"),
+    (bytes([0x80 | BINARY, 127]) + struct.pack(">Q", 2**63), f"a websocket message of {2**63} bytes or more"),
+])
+def test_frames_a_client_must_not_take_are_refused_at_their_header(frame, says):
+    client, server = socket.socketpair()
+    with client, server:
+        server.sendall(frame)
+        with pytest.raises(WebSocketError, match=says):
+            WebSocket(client).receive(timeout=5)
+
+
+def test_a_32_mib_message_in_64_kib_reads_comes_whole_through_one_buffer():
+    """The receive buffer is one bytearray, appended to and consumed in place (bytes += bytes made
+    a new, whole copy on every read: quadratic, 4.3 s for this message)."""
+    payload = bytes(range(256)) * (32 * 2**20 // 256)
+    frame = encode_frame(BINARY, payload, mask=False) + encode_frame(TEXT, b"after", mask=False)
+    client, server = socket.socketpair()
+    with client, server:
+        def send():
+            for at in range(0, len(frame), 65536):
+                server.sendall(frame[at:at + 65536])
+
+        writer = threading.Thread(target=send, daemon=True)
+        writer.start()
+        ws = WebSocket(client)
+        buffer = ws.buffer
+        assert isinstance(buffer, bytearray)
+        assert ws.receive(timeout=30) == payload
+        assert ws.receive(timeout=5) == "after"
+        writer.join(5)
+        assert ws.buffer is buffer and len(buffer) == 0  # the same buffer throughout, emptied as frames were taken
+
+
+def _fuzz_case(rng) -> bytes:
+    """Random bytes, or real frames (any opcode, fin, mask, length encoding) with some bytes changed or cut."""
+    if rng.random() < 0.3:
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(40)))
+    data = b""
+    for _ in range(rng.randrange(1, 4)):
+        opcode = rng.choice([TEXT, BINARY, CONTINUATION, CLOSE, PING, PONG, 0x3, 0xB])
+        payload = rng.choice([b"", b"{}", "é".encode(), b"\xff\xfe", bytes(rng.randrange(256) for _ in range(130)),
+                              b'{"type": "status", "data": {}}'])
+        data += encode_frame(opcode, payload, mask=rng.random() < 0.3, fin=rng.random() < 0.7)
+    data = bytearray(data)
+    for _ in range(rng.randrange(3)):
+        data[rng.randrange(len(data))] = rng.randrange(256)
+    return bytes(data[:rng.randrange(1, len(data) + 1)] if rng.random() < 0.3 else data)
+
+
+def test_fuzz_the_frame_reader_only_refuses():
+    """Random and mangled frames through a socket: receive() gives messages, or raises WebSocketError
+    (WebSocketClosed included), and nothing else, whatever the bytes."""
+    rng = random.Random(0)
+    outcomes = {"messages": 0, "refused": 0, "closed": 0}
+    for _ in range(3000):
+        client, server = socket.socketpair()
+        with client, server:
+            server.sendall(_fuzz_case(rng))
+            server.shutdown(socket.SHUT_WR)  # then the end of the stream: a WebSocketError at the latest
+            ws = WebSocket(client)
+            while True:
+                try:
+                    message = ws.receive(timeout=5)
+                except WebSocketClosed:
+                    outcomes["closed"] += 1
+                    break
+                except WebSocketError:
+                    outcomes["refused"] += 1
+                    break
+                assert isinstance(message, (str, bytes))
+                outcomes["messages"] += 1
+    assert outcomes["messages"] > 200 and outcomes["closed"] > 50 and outcomes["refused"] > 2000, outcomes
