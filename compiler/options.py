@@ -7,11 +7,12 @@ name the key and what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from .inductor_settings import setting_problem
 from .lowering import LOWERINGS, MODES, Lowering
+from .option_text import parse_mapping_text, shorten
 from .shape_policy import ShapePolicy, ShapePolicyError
 
 # Pass switches: "auto" lets each pass decide (its extra_check), "on" forces it where it matches
@@ -37,7 +38,8 @@ class CompileOptions:
     passes: per-pass switch, {pass name: "auto" | "on" | "off"}; unnamed passes are "auto".
     fullgraph: fail instead of splitting the model at a graph break.
     inductor: extra Inductor config applied only while Kiln compiles (scoped `config.patch`),
-        e.g. {"coordinate_descent_tuning": True}. Never changes the global Inductor config.
+        e.g. {"coordinate_descent_tuning": True}; tuning settings only (compiler/inductor_settings.py:
+        no programs, paths, caches or hooks). Never changes the global Inductor config.
     shapes: which shapes get a static variant of their own and how many are kept (ShapePolicy;
         a mapping such as {"specialize": "buckets", "pin": ["1024x1024"], "max_variants": 8}).
     """
@@ -52,27 +54,16 @@ class CompileOptions:
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise OptionsError(f"mode={self.mode!r} is not a Kiln mode; use one of {', '.join(MODES)}")
-        if self.dynamic not in (None, True, False):
-            raise OptionsError(f"dynamic={self.dynamic!r}: use true, false or null (let TorchDynamo decide)")
+            raise OptionsError(f"mode={shorten(self.mode)} is not a Kiln mode; use one of {', '.join(MODES)}")
+        if not (self.dynamic is None or isinstance(self.dynamic, bool)):
+            raise OptionsError(f"dynamic={shorten(self.dynamic)}: use true, false or null (let TorchDynamo decide)")
         for key in ("cuda_graphs", "fullgraph"):
             if not isinstance(getattr(self, key), bool):
-                raise OptionsError(f"{key}={getattr(self, key)!r}: use true or false")
-        from .passes import PASS_NAMES  # local: passes import this module
-
-        # YAML reads bare on/off as booleans
-        passes = {name: {True: "on", False: "off"}.get(switch, switch) if isinstance(switch, bool) else switch
-                  for name, switch in dict(self.passes).items()}
-        object.__setattr__(self, "passes", passes)
-        for name, switch in passes.items():
-            if name not in PASS_NAMES:
-                raise OptionsError(f"passes: unknown pass {name!r}; Kiln's passes are {', '.join(PASS_NAMES)}")
-            if switch not in PASS_SWITCHES:
-                raise OptionsError(f"passes.{name}={switch!r}: use one of {', '.join(PASS_SWITCHES)}")
+                raise OptionsError(f"{key}={shorten(getattr(self, key))}: use true or false")
+        object.__setattr__(self, "passes", _pass_switches(self.passes))
+        object.__setattr__(self, "inductor", _inductor_settings(self.inductor))
         if self.inductor and not self.lowering.uses_inductor:
             raise OptionsError(f"inductor options have no effect in mode {self.mode!r} (no Inductor); use 'balanced' or 'max'")
-        if not isinstance(self.inductor, Mapping):
-            raise OptionsError("inductor: expected a mapping of Inductor config names to values")
         try:
             object.__setattr__(self, "shapes", ShapePolicy.from_mapping(self.shapes))
         except ShapePolicyError as exc:
@@ -84,12 +75,6 @@ class CompileOptions:
             raise OptionsError("shapes.pin and shapes.specialize need dynamic auto or true: with dynamic=false TorchDynamo "
                                "specialises every shape itself (each new shape recompiles, with static kernels), so there "
                                "is no dynamic graph to pin shapes ahead of; drop the pins or use dynamic auto")
-        from .compat import is_inductor_option
-
-        unknown = [name for name in self.inductor if not is_inductor_option(name)]
-        if unknown:
-            raise OptionsError(f"inductor: {', '.join(map(repr, unknown))} is not an Inductor config setting "
-                               "(see torch._inductor.config; nested settings are dotted, e.g. 'triton.cudagraphs')")
 
     @property
     def lowering(self) -> Lowering:
@@ -114,34 +99,53 @@ class CompileOptions:
         }
 
 
+def _pass_switches(passes: Any) -> dict[str, str]:
+    """{pass name: "auto" | "on" | "off"}, checked; YAML's bare on/off (booleans) read as "on"/"off"."""
+    from .passes import PASS_NAMES  # local: passes import this module
+
+    if passes is None:  # an empty `passes:` section
+        return {}
+    if not isinstance(passes, Mapping):
+        raise OptionsError(f"passes={shorten(passes)}: use a mapping {{pass name: {' | '.join(PASS_SWITCHES)}}}; "
+                           f"Kiln's passes are {', '.join(PASS_NAMES)}")
+    switches = {}
+    for name, switch in passes.items():
+        if name not in PASS_NAMES:
+            raise OptionsError(f"passes: unknown pass {shorten(name)}; Kiln's passes are {', '.join(PASS_NAMES)}")
+        if isinstance(switch, bool):
+            switch = "on" if switch else "off"
+        if not isinstance(switch, str) or switch not in PASS_SWITCHES:
+            raise OptionsError(f"passes.{name}={shorten(switch)}: use one of {', '.join(PASS_SWITCHES)}")
+        switches[name] = switch
+    return switches
+
+
+def _inductor_settings(settings: Any) -> dict[str, Any]:
+    """{Inductor setting: value}, each a tuning setting a workflow may change (compiler/inductor_settings.py)."""
+    if settings is None:  # an empty `inductor:` section
+        return {}
+    if not isinstance(settings, Mapping):
+        raise OptionsError(f"inductor={shorten(settings)}: use a mapping of Inductor tuning settings to values, "
+                           "e.g. {coordinate_descent_tuning: true}")
+    for name, value in settings.items():
+        problem = setting_problem(name, value)
+        if problem:
+            raise OptionsError(problem)
+    return dict(settings)
+
+
 # `cache` is the plan's cache part (compiler/cache), set from the same string: see expert_cache_options
-_EXPERT_KEYS = {f.name for f in dataclasses.fields(CompileOptions)} | {"cache"}
+_EXPERT_KEYS = tuple(f.name for f in dataclasses.fields(CompileOptions)) + ("cache",)
 
 
 def parse_expert_options(text: str) -> dict:
-    """Parse the node's advanced string (JSON or YAML mapping) into CompileOptions fields.
+    """Parse the node's advanced string (JSON or YAML mapping) into CompileOptions fields (read with
+    compiler/option_text.py's bounds: size, depth, no YAML aliases).
 
     >>> parse_expert_options('passes: {channels_last_convs: off}')
-    {'passes': {'channels_last_convs': 'off'}}
+    {'passes': {'channels_last_convs': False}}
     """
-    text = (text or "").strip()
-    if not text:
-        return {}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise OptionsError(f"advanced options are neither JSON nor YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise OptionsError(f"advanced options must be a mapping such as {{\"passes\": {{...}}}}, got {type(data).__name__}")
-    unknown = sorted(set(data) - _EXPERT_KEYS)
-    if unknown:
-        raise OptionsError(f"advanced options: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(_EXPERT_KEYS))}")
-    return data
+    return parse_mapping_text(text, "advanced options", _EXPERT_KEYS, OptionsError)
 
 
 def build_options(mode: str = "balanced", dynamic=None, cuda_graphs: bool = False, advanced: str = "",
@@ -169,5 +173,5 @@ def expert_cache_options(advanced: str = ""):
         return None
     try:
         return CacheOptions.from_mapping(value)
-    except (CacheOptionsError, TypeError) as exc:
+    except CacheOptionsError as exc:
         raise OptionsError(str(exc)) from None

@@ -24,9 +24,12 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
+from .option_text import check_keys, shorten
+
 SPECIALIZE = ("none", "pinned", "buckets")
 LATENT_FACTOR = 8  # image pixels per latent pixel (SD1.5, SDXL, SD3, Flux)
-_PIN = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*(?::\s*(\d+))?\s*$")
+_PIN = re.compile(r"^\s*(\d{1,6})\s*[x×]\s*(\d{1,6})\s*(?::\s*(\d{1,6}))?\s*$")  # digits bounded: int() stays cheap
+_KEYS = ("specialize", "buckets", "pin", "max_variants", "max_cuda_graphs")
 
 
 class ShapePolicyError(ValueError):
@@ -57,14 +60,14 @@ def bucket_table() -> dict[str, tuple[tuple[int, int], ...]]:
 
 
 def parse_pin(text: str) -> PinnedShape:
-    match = _PIN.match(str(text))
+    match = _PIN.match(text) if isinstance(text, str) else None
     if not match:
-        raise ShapePolicyError(f"shapes.pin: {text!r} is not a shape; write WxH in pixels, e.g. 1024x1024 or 1024x1024:2")
+        raise ShapePolicyError(f"shapes.pin: {shorten(text)} is not a shape; write WxH in pixels, e.g. 1024x1024 or 1024x1024:2")
     width, height, batch = int(match[1]), int(match[2]), match[3]
     if width % LATENT_FACTOR or height % LATENT_FACTOR:
-        raise ShapePolicyError(f"shapes.pin: {text!r}: width and height must be multiples of {LATENT_FACTOR} (the latent scale)")
+        raise ShapePolicyError(f"shapes.pin: {shorten(text)}: width and height must be multiples of {LATENT_FACTOR} (the latent scale)")
     if batch is not None and int(batch) < 1:
-        raise ShapePolicyError(f"shapes.pin: {text!r}: the batch must be at least 1")
+        raise ShapePolicyError(f"shapes.pin: {shorten(text)}: the batch must be at least 1")
     return PinnedShape(width, height, int(batch) if batch else None)
 
 
@@ -72,24 +75,47 @@ def parse_pins(value: Any) -> tuple[PinnedShape, ...]:
     """'1024x1024, 832x1216:2' or a list of such strings."""
     if value is None or value == "":
         return ()
-    items = value.replace(";", ",").split(",") if isinstance(value, str) else list(value)
-    return tuple(parse_pin(str(item).strip()) for item in items if str(item).strip())
+    if isinstance(value, str):
+        items = value.replace(";", ",").split(",")
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        raise ShapePolicyError(f"shapes.pin={shorten(value)}: use WxH shapes, a list such as ['1024x1024', '832x1216:2'] "
+                               "or one string '1024x1024, 832x1216:2'")
+    return tuple(parse_pin(item.strip() if isinstance(item, str) else item)
+                 for item in items if not isinstance(item, str) or item.strip())
 
 
 def _buckets(value: Any) -> tuple[tuple[int, int], ...]:
     table = bucket_table()
-    names = [value] if isinstance(value, str) else list(value)
+    if isinstance(value, str):
+        names = [value]
+    elif isinstance(value, (list, tuple)):
+        names = value
+    else:
+        raise ShapePolicyError(f"shapes.buckets={shorten(value)}: use a list of bucket list names ({', '.join(table)}) "
+                               "and [width, height] pairs")
     sizes: list[tuple[int, int]] = []
     for item in names:
-        if isinstance(item, str):
-            if item not in table:
-                raise ShapePolicyError(f"shapes.buckets: unknown bucket list {item!r}; known: {', '.join(table)} (or [[w, h], ...])")
+        if isinstance(item, str) and item in table:
             sizes += table[item]
-        elif isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(v, int) for v in item):
+        elif isinstance(item, str):
+            raise ShapePolicyError(f"shapes.buckets: unknown bucket list {shorten(item)}; known: {', '.join(table)} (or [[w, h], ...])")
+        elif isinstance(item, (list, tuple)) and len(item) == 2 and all(_is_size(v) for v in item):
             sizes.append((item[0], item[1]))
         else:
-            raise ShapePolicyError(f"shapes.buckets: {item!r} is neither a bucket list name nor [width, height]")
+            raise ShapePolicyError(f"shapes.buckets: {shorten(item)} is neither a bucket list name nor [width, height] "
+                                   "in whole pixels >= 1")
     return tuple(dict.fromkeys(sizes))
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _specialize(value: Any) -> Any:
+    """YAML's `specialize: off` (false) and an empty `specialize:` (null) mean none."""
+    return "none" if value is None or value is False else value
 
 
 @dataclass(frozen=True)
@@ -101,25 +127,26 @@ class ShapePolicy:
     max_cuda_graphs: int = 8
 
     def __post_init__(self):
-        if self.specialize not in SPECIALIZE:
-            raise ShapePolicyError(f"shapes.specialize={self.specialize!r}: use one of {', '.join(SPECIALIZE)}")
+        if not isinstance(self.specialize, str) or self.specialize not in SPECIALIZE:
+            raise ShapePolicyError(f"shapes.specialize={shorten(self.specialize)}: use one of {', '.join(SPECIALIZE)}")
         if not isinstance(self.max_variants, int) or isinstance(self.max_variants, bool) or self.max_variants < 1:
-            raise ShapePolicyError(f"shapes.max_variants={self.max_variants!r}: use a whole number >= 1")
+            raise ShapePolicyError(f"shapes.max_variants={shorten(self.max_variants)}: use a whole number >= 1")
         if not isinstance(self.max_cuda_graphs, int) or isinstance(self.max_cuda_graphs, bool) or self.max_cuda_graphs < 0:
-            raise ShapePolicyError(f"shapes.max_cuda_graphs={self.max_cuda_graphs!r}: use a whole number >= 0")
+            raise ShapePolicyError(f"shapes.max_cuda_graphs={shorten(self.max_cuda_graphs)}: use a whole number >= 0")
 
     @classmethod
     def from_mapping(cls, data: Optional[Mapping]) -> "ShapePolicy":
         if isinstance(data, ShapePolicy):
             return data
-        data = dict(data or {})
-        unknown = sorted(set(data) - {"specialize", "buckets", "pin", "max_variants", "max_cuda_graphs"})
-        if unknown:
-            raise ShapePolicyError(f"shapes: unknown key(s) {', '.join(map(repr, unknown))}; "
-                                   "allowed: specialize, buckets, pin, max_variants, max_cuda_graphs")
+        if data is None:  # an empty `shapes:` section
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ShapePolicyError(f"shapes={shorten(data)}: use a mapping with keys {', '.join(_KEYS)}, "
+                                   "e.g. {specialize: buckets, max_variants: 4}")
+        check_keys(data, _KEYS, "shapes", ShapePolicyError)
         fields: dict = {}
         if "specialize" in data:
-            fields["specialize"] = {False: "none", None: "none"}.get(data["specialize"], data["specialize"])
+            fields["specialize"] = _specialize(data["specialize"])
         if "buckets" in data:
             fields["buckets"] = _buckets(data["buckets"])
         if "pin" in data:

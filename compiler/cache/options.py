@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import math
 import os
-import reprlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..option_text import check_keys, shorten
 from . import location
 from .location import default_cache_dir
 from .store import CacheStore
@@ -14,6 +14,8 @@ from .store import CacheStore
 CACHE_MODES = ("use", "refresh", "off")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _FIELDS = ("dir", "mode", "max_gb")
+MAX_GB = 1024.0 ** 2        # a PiB: past it the number is a typo, not a disk
+MAX_PATH_CHARS = 4096       # PATH_MAX on Linux
 
 
 class CacheOptionsError(ValueError):
@@ -36,17 +38,20 @@ class CacheOptions:
     within: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if not isinstance(self.dir, str):
-            raise CacheOptionsError(f"cache dir={reprlib.repr(self.dir)}: give a directory path (text)")
-        if self.mode not in CACHE_MODES:
-            raise CacheOptionsError(f"cache mode {reprlib.repr(self.mode)}: use one of {', '.join(CACHE_MODES)}")
-        if (not isinstance(self.max_gb, (int, float)) or isinstance(self.max_gb, bool) or not math.isfinite(self.max_gb)
-                or self.max_gb <= 0):
-            raise CacheOptionsError(f"cache max_gb={reprlib.repr(self.max_gb)}: use a positive, finite number of GiB")
+        if (not isinstance(self.dir, str) or "\0" in self.dir or len(self.dir) > MAX_PATH_CHARS
+                or not _encodable(self.dir)):
+            raise CacheOptionsError(f"cache dir={shorten(self.dir)}: give a directory path (text of at most "
+                                    f"{MAX_PATH_CHARS} characters that the file system can take, no NUL)")
+        if not isinstance(self.mode, str) or self.mode not in CACHE_MODES:
+            raise CacheOptionsError(f"cache mode {shorten(self.mode)}: use one of {', '.join(CACHE_MODES)}")
+        if (not isinstance(self.max_gb, (int, float)) or isinstance(self.max_gb, bool)
+                or not 0 < self.max_gb <= MAX_GB or not math.isfinite(self.max_gb)):
+            raise CacheOptionsError(f"cache max_gb={shorten(self.max_gb)}: use a number of GiB above 0 and at "
+                                    f"most {MAX_GB:g}")
         root = self.root
         if root == _PACKAGE or root.startswith(_PACKAGE + os.sep):
-            raise CacheOptionsError(f"cache dir {root} is inside Kiln's own folder ({_PACKAGE}); updates would replace "
-                                    "it and it would travel with the code: choose a directory outside it")
+            raise CacheOptionsError(f"cache dir {shorten(root)} is inside Kiln's own folder ({_PACKAGE}); updates "
+                                    "would replace it and it would travel with the code: choose a directory outside it")
 
     @property
     def named(self) -> str:
@@ -83,9 +88,15 @@ class CacheOptions:
             return cls(dir=value)
         if not isinstance(value, Mapping):
             raise CacheOptionsError(f"cache: expected a directory or a mapping with {', '.join(_FIELDS)}; got "
-                                    f"{reprlib.repr(value)}")
-        unknown = sorted(map(str, set(value) - set(_FIELDS)))
-        if unknown:
-            raise CacheOptionsError(f"cache: unknown key(s) {', '.join(map(reprlib.repr, unknown))}; allowed: "
-                                    f"{', '.join(_FIELDS)}")
+                                    f"{shorten(value)}")
+        check_keys(value, _FIELDS, "cache", CacheOptionsError)
         return cls(**dict(value))
+
+
+def _encodable(path: str) -> bool:
+    """Whether the file system can be given `path` (a lone surrogate from JSON cannot)."""
+    try:
+        os.fsencode(path)
+    except UnicodeError:
+        return False
+    return True

@@ -23,7 +23,6 @@ import json
 import math
 import os
 import re
-import reprlib
 import secrets
 import shutil
 import stat
@@ -33,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
+from ..option_text import shorten
 from . import location, trust
 from .trust import CacheError
 
@@ -130,24 +130,24 @@ def _validated(raw: Any, where: str, offset: int) -> Header:
         raise bad(f"no {', '.join(missing)}")
     key, fields, files = raw["key"], raw["fields"], raw["files"]
     if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
-        raise bad(f"key {reprlib.repr(key)} is not an entry key (32 letters and digits)")
+        raise bad(f"key {shorten(key)} is not an entry key (32 letters and digits)")
     if not isinstance(fields, dict) or _depth(fields) > MAX_FIELD_DEPTH:
-        raise bad(f"fields {reprlib.repr(fields)} are not a mapping of at most {MAX_FIELD_DEPTH} levels")
+        raise bad(f"fields {shorten(fields)} are not a mapping of at most {MAX_FIELD_DEPTH} levels")
     if not isinstance(files, list) or len(files) > MAX_FILES:
-        raise bad(f"files {reprlib.repr(files)} are not a list of at most {MAX_FILES} [name, size] pairs")
+        raise bad(f"files {shorten(files)} are not a list of at most {MAX_FILES} [name, size] pairs")
     listed = []
     for item in files:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and type(item[1]) is int
                 and item[1] >= 0):
-            raise bad(f"file {reprlib.repr(item)} is not a [name, size >= 0] pair")
+            raise bad(f"file {shorten(item)} is not a [name, size >= 0] pair")
         if not _safe_relative(item[0]):
-            raise bad(f"file name {reprlib.repr(item[0])} names a file outside its directory")
+            raise bad(f"file name {shorten(item[0])} names a file outside its directory")
         listed.append((item[0], item[1]))
     times = {}
     for name in ("compile_seconds", "created"):
         value = raw.get(name, 0.0)
         if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
-            raise bad(f"{name} {reprlib.repr(value)} is not a finite number >= 0")
+            raise bad(f"{name} {shorten(value)} is not a finite number >= 0")
         times[name] = float(value)
     return Header(key, fields, tuple(listed), body_offset=offset, **times)
 
@@ -208,7 +208,7 @@ class CacheStore:
 
     def path(self, key: str) -> str:
         if not KEY_PATTERN.fullmatch(key):
-            raise CacheEntryError(f"{reprlib.repr(key)} is not a cache entry key (32 letters and digits)")
+            raise CacheEntryError(f"{shorten(key)} is not a cache entry key (32 letters and digits)")
         return os.path.join(self.entries, key + SUFFIX)
 
     # ---- entries ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Optional
 
 import torch
 
+from ..option_text import parse_mapping_text, shorten
 from .scheme import QuantizeError, Scheme
 
 # family -> [(pattern, reason)]. The family is found from the model's own layer names.
@@ -82,10 +83,18 @@ class LayerPolicy:
     family: str = "auto"
 
     def __post_init__(self):
-        if self.family != "auto" and self.family not in FAMILY_KEEP:
-            raise QuantizeError(f"policy family {self.family!r} is unknown; use auto or one of {', '.join(FAMILY_KEEP)}")
-        if self.min_params < 0:
-            raise QuantizeError(f"policy min_params must be >= 0, got {self.min_params}")
+        for key in ("keep", "quantize"):  # one pattern alone may be given as text
+            patterns = getattr(self, key)
+            patterns = (patterns,) if isinstance(patterns, str) else patterns
+            if not isinstance(patterns, (list, tuple)) or not all(isinstance(p, str) for p in patterns):
+                raise QuantizeError(f"layer policy {key} must be a list of name patterns (text), got {shorten(getattr(self, key))}")
+            object.__setattr__(self, key, tuple(patterns))
+        if not isinstance(self.min_params, int) or isinstance(self.min_params, bool) or self.min_params < 0:
+            raise QuantizeError(f"layer policy min_params must be >= 0, a whole number of weights; got {shorten(self.min_params)}")
+        if not isinstance(self.convs, bool):
+            raise QuantizeError(f"layer policy convs must be true or false, got {shorten(self.convs)}")
+        if not isinstance(self.family, str) or (self.family != "auto" and self.family not in FAMILY_KEEP):
+            raise QuantizeError(f"layer policy family {shorten(self.family)} is unknown; use auto or one of {', '.join(FAMILY_KEEP)}")
 
     def decide(self, name: str, layer: torch.nn.Module, scheme: Scheme, family: str) -> Optional[str]:
         """None to quantize `layer`, else the reason it stays in high precision."""
@@ -114,35 +123,10 @@ def _matches(name: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-_FIELDS = {f.name for f in dataclasses.fields(LayerPolicy)}
+_FIELDS = tuple(f.name for f in dataclasses.fields(LayerPolicy))
 
 
 def parse_policy(text: str) -> LayerPolicy:
-    """A LayerPolicy from the user's YAML (or JSON) text; "" gives the defaults."""
-    import yaml
-
-    if not text or not text.strip():
-        return LayerPolicy()
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise QuantizeError(f"the layer policy is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise QuantizeError(f"the layer policy must be a mapping with keys {', '.join(sorted(_FIELDS))}; got {data!r}")
-    unknown = sorted(set(data) - _FIELDS)
-    if unknown:
-        raise QuantizeError(f"unknown layer policy key {', '.join(map(repr, unknown))}; the keys are {', '.join(sorted(_FIELDS))}")
-    values = dict(data)
-    for key in ("keep", "quantize"):
-        if key in values:
-            patterns = values[key]
-            if isinstance(patterns, str):
-                patterns = [patterns]
-            if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-                raise QuantizeError(f"layer policy {key} must be a list of name patterns, got {values[key]!r}")
-            values[key] = tuple(patterns)
-    if "min_params" in values and (not isinstance(values["min_params"], int) or isinstance(values["min_params"], bool)):
-        raise QuantizeError(f"layer policy min_params must be an integer, got {values['min_params']!r}")
-    if "convs" in values and not isinstance(values["convs"], bool):
-        raise QuantizeError(f"layer policy convs must be true or false, got {values['convs']!r}")
-    return LayerPolicy(**values)
+    """A LayerPolicy from the user's YAML (or JSON) text, read with compiler/option_text.py's bounds
+    (size, depth, no YAML aliases); "" gives the defaults."""
+    return LayerPolicy(**parse_mapping_text(text, "layer policy", _FIELDS, QuantizeError))

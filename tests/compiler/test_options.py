@@ -38,8 +38,44 @@ def test_invalid_expert_strings(text, message):
 
 
 def test_inductor_settings_are_accepted_by_name():
-    assert CompileOptions(inductor={"coordinate_descent_tuning": True, "triton.cudagraphs": False}).inductor
+    assert CompileOptions(inductor={"coordinate_descent_tuning": True, "triton.persistent_reductions": False}).inductor
 
 
 def test_empty_expert_string_is_nothing():
     assert parse_expert_options("  ") == {}
+
+
+@pytest.mark.parametrize("advanced, key", [
+    ("passes: 5", r"passes=5: use a mapping"),
+    ("passes: {fuse_geglu: [1]}", r"passes\.fuse_geglu=\[1\]: use one of auto, on, off"),
+    ("passes: {1: on}", r"passes: unknown pass 1;"),
+    ("inductor: 5", r"inductor=5: use a mapping"),
+    ("inductor: {coordinate_descent_tuning: [1, 2]}", r"inductor\.coordinate_descent_tuning=\[1, 2\]: use true or false"),
+    ('dynamic: "yes"', r"dynamic='yes': use true, false or null"),
+    ("dynamic: 1", r"dynamic=1: use true, false or null"),
+    ("fullgraph: 1", r"fullgraph=1: use true or false"),
+    ("cuda_graphs: [true]", r"cuda_graphs=\[True\]: use true or false"),
+    ("mode: [fast]", r"mode=\['fast'\] is not a Kiln mode"),
+    ('{"mode": "' + "x" * 10_000 + '"}', r"mode='x+\.\.\.x+' is not a Kiln mode"),
+])
+def test_every_mistyped_option_is_an_options_error_naming_its_key(advanced, key):
+    """Each of these raised TypeError (not iterable, unhashable) or was accepted; now the key, the value
+    (shortened) and what is allowed."""
+    with pytest.raises(OptionsError, match="^" + key) as caught:
+        build_options("balanced", advanced=advanced)
+    assert len(str(caught.value)) < 400
+
+
+def test_empty_sections_are_empty():
+    options = build_options("balanced", advanced="passes:\ninductor:\nshapes:\n")
+    assert options.passes == {} and options.inductor == {} and options.shapes == CompileOptions().shapes
+
+
+@pytest.mark.parametrize("cache, message", [
+    ('{dir: "kiln\\0cache"}', "^cache"), ("{mode: [1]}", "^cache mode"), ("5", "^cache"), ("{max_gb: .inf}", "^cache max_gb"),
+    ("{max_gb: 1" + ":59" * 800 + "}", "^cache")])  # YAML base 60: an int too large for a float
+def test_bad_cache_settings_in_the_expert_string_are_options_errors(cache, message):
+    from kiln.compiler import expert_cache_options
+
+    with pytest.raises(OptionsError, match=message):
+        expert_cache_options(f"cache: {cache}")

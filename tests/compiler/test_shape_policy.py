@@ -1,5 +1,6 @@
 """The shapes option: which signatures get static variants, and how many are kept."""
 import pytest
+import yaml
 
 from kiln.compiler import OptionsError, build_options
 from kiln.compiler.shape_policy import PinnedShape, ShapePolicy, ShapePolicyError, bucket_table, parse_pins
@@ -51,3 +52,32 @@ def test_fast_mode_refuses_specialisation():
         build_options("fast", advanced="shapes: {specialize: buckets}")
     with pytest.raises(ShapePolicyError, match="not a shape"):
         ShapePolicy().with_pins("1024 by 1024")
+
+
+@pytest.mark.parametrize("advanced, key", [
+    ("shapes: 5", r"shapes=5: use a mapping with keys specialize, buckets"),
+    ("shapes: [[specialize, buckets]]", r"shapes=\[\['specialize', 'buckets'\]\]: use a mapping"),
+    ("shapes: {buckets: 5}", r"shapes\.buckets=5: use a list of bucket list names"),
+    ("shapes: {buckets: {sdxl: 1}}", r"shapes\.buckets=\{'sdxl': 1\}: use a list"),
+    ("shapes: {buckets: [[true, 8]]}", r"shapes\.buckets: \[True, 8\] is neither a bucket list name nor \[width, height\]"),
+    ("shapes: {buckets: [[{}, 8]]}", r"shapes\.buckets: \[\{\}, 8\] is neither"),
+    ("shapes: {pin: 5}", r"shapes\.pin=5: use WxH shapes"),
+    ("shapes: {pin: [[1024, 1024]]}", r"shapes\.pin: \[1024, 1024\] is not a shape"),
+    ("shapes: {pin: " + "9" * 5000 + "x8}", r"shapes\.pin: '9+\.\.\.9+x8' is not a shape"),
+    ("shapes: {specialize: [1]}", r"shapes\.specialize=\[1\]: use one of none, pinned, buckets"),
+    ("shapes: {specialize: 0}", r"shapes\.specialize=0: use one of"),
+    ("shapes: {max_variants: 1.5}", r"shapes\.max_variants=1\.5: use a whole number >= 1"),
+    ("shapes: {max_cuda_graphs: [8]}", r"shapes\.max_cuda_graphs=\[8\]: use a whole number >= 0"),
+])
+def test_mistyped_shape_options_name_their_dotted_key(advanced, key):
+    """Each raised TypeError (not iterable, unhashable), ValueError (a 5000-digit int) or was accepted."""
+    with pytest.raises(OptionsError, match="^" + key) as caught:
+        build_options("balanced", advanced=advanced)
+    assert len(str(caught.value)) < 400
+    with pytest.raises(ShapePolicyError, match="^" + key):  # the same error from the policy itself
+        ShapePolicy.from_mapping(yaml.safe_load(advanced)["shapes"])
+
+
+def test_yaml_off_and_null_specialize_mean_none():
+    assert ShapePolicy.from_mapping({"specialize": False}).specialize == "none"
+    assert ShapePolicy.from_mapping({"specialize": None}).specialize == "none"

@@ -53,9 +53,9 @@ def test_yaml_override_keep_and_force():
 
 
 @pytest.mark.parametrize("text,message", [
-    ("keep: 3", "keep must be a list"), ("min_param: 3", "unknown layer policy key 'min_param'"),
+    ("keep: 3", "keep must be a list"), ("min_param: 3", r"layer policy: unknown key\(s\) 'min_param'"),
     ("- a", "must be a mapping"), ("convs: maybe", "convs must be true or false"), ("family: sdxx", "family 'sdxx'"),
-    ("min_params: -1", "min_params must be >= 0"), ("keep: [", "not valid YAML")])
+    ("min_params: -1", "min_params must be >= 0"), ("keep: [", "neither JSON nor YAML")])
 def test_bad_policy_says_what_is_wrong(text, message):
     with pytest.raises(QuantizeError, match=message):
         parse_policy(text)
@@ -63,3 +63,27 @@ def test_bad_policy_says_what_is_wrong(text, message):
 
 def test_empty_policy_is_the_default():
     assert parse_policy("  ") == LayerPolicy()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("keep: 5", r"^layer policy keep must be a list of name patterns \(text\), got 5$"),
+    ("keep: {a: 1}", r"^layer policy keep must be a list .* got \{'a': 1\}$"),
+    ("quantize: [1]", r"^layer policy quantize must be a list .* got \[1\]$"),
+    ('{"min_params": 1e999}', r"^layer policy min_params must be >= 0, a whole number of weights; got inf$"),
+    ("min_params: 1e999", r"^layer policy min_params must be >= 0.* got '1e999'$"),  # YAML 1.1: a string
+    ("min_params: 1.5", r"^layer policy min_params .* got 1\.5$"),
+    ("min_params: true", r"^layer policy min_params .* got True$"),
+    ("convs: 1", r"^layer policy convs must be true or false, got 1$"),
+    ("family: [1]", r"^layer policy family \[1\] is unknown; use auto or one of sd_unet"),
+    ("family: {a: 1}", r"^layer policy family \{'a': 1\} is unknown"),
+])
+def test_every_mistyped_policy_key_is_a_quantize_error_naming_it(text, message):
+    """`family: [1]` raised TypeError (unhashable) and `keep: [[...]]` printed the whole value; now the key,
+    the value shortened and what is allowed."""
+    with pytest.raises(QuantizeError, match=message):
+        parse_policy(text)
+
+
+def test_policy_reads_json_and_a_single_pattern():
+    assert parse_policy('{"keep": "*.attn2.*", "min_params": 0}') == LayerPolicy(keep=("*.attn2.*",), min_params=0)
+    assert LayerPolicy(quantize=["a", "b"]).quantize == ("a", "b")  # a list from Python is kept as a tuple
