@@ -1,16 +1,13 @@
 """Kiln's cache directory: signed entries, written atomically, bounded by least-recently-used eviction.
 
-    <root>/entries/<key>.kiln       one entry per compiled graph and shape variant
+    <root>/entries/<key>.kiln       one entry per compiled graph and shape variant (entry.py)
     <root>/work/kiln-<pid>-<hex>/   where one process's lowerings read and write Inductor's files,
                                     marked as Kiln's by a .kiln-work file naming the process
 
 The key entries are signed with is not here but in the user's configuration folder (location.py,
-trust.py). An entry file is MAGIC, an 8-byte header length, a JSON header (key fields, file list,
-compile seconds), the files' bytes, and an HMAC-SHA256 of everything before it. The header is
-untrusted until the signature is checked, and is validated (`read_header`) before anything reads
-it. An entry is written to a temp file and renamed into place, so a reader sees a whole entry or
-none, and processes sharing the directory leave it valid. A hit touches the entry's mtime:
-eviction drops the oldest first.
+trust.py). An entry is written to a temp file and renamed into place, so a reader sees a whole
+entry or none, and processes sharing the directory leave it valid. A hit touches the entry's
+mtime: eviction drops the oldest first.
 
 Kiln removes only what it made: entries and temp files by their names (`<key>.kiln`,
 `.kiln-tmp-<pid>-<hex>`), work folders by name and marker. Nothing else in a directory is touched.
@@ -19,178 +16,25 @@ from __future__ import annotations
 
 import atexit
 import io
-import json
-import math
 import os
 import re
 import secrets
 import shutil
 import stat
-import struct
 import tarfile
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 from ..option_text import shorten
 from . import location, trust
-from .trust import CacheError
+from .entry import (KEY_PATTERN, MAGIC, MAX_HEADER_BYTES, SUFFIX, CacheEntryError, Entry, _LENGTH, decode, encode,
+                    read_header)
 
-MAGIC = b"KILN-CACHE-ENTRY 1\n"
-SUFFIX = ".kiln"
-_LENGTH = struct.Struct(">Q")
 STALE_TEMP_SECONDS = 3600
-KEY_PATTERN = re.compile(r"[0-9a-z]{32}")               # entry_key's 32 hex digits (tests use letters too)
 TEMP_PATTERN = re.compile(r"\.kiln-tmp-\d+-[0-9a-f]{8}")
 WORK_PATTERN = re.compile(r"kiln-(\d+)-[0-9a-f]{8}")
 WORK_MARKER = ".kiln-work"
-MAX_HEADER_BYTES = 16 * 2**20                            # a header lists files and key fields: kilobytes
-MAX_FILES = 100_000
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-MAX_FIELD_DEPTH = 8                                      # key fields nest options.passes.<name>: depth 3
-
-
-class CacheEntryError(CacheError):
-    """An entry is damaged, unsigned or foreign: it is refused (and compiled again)."""
-
-
-@dataclass
-class Entry:
-    key: str
-    fields: dict
-    files: dict[str, bytes] = field(default_factory=dict)   # path under Inductor's cache dir -> bytes
-    compile_seconds: float = 0.0                           # what the cold compile cost
-    created: float = 0.0
-    size: int = 0                                          # bytes on disk
-    last_used: float = 0.0
-
-
-@dataclass(frozen=True)
-class Header:
-    """An entry's header, validated: a safe key, key fields that are a shallow JSON mapping, files
-    with safe relative names and sizes that fit the entry, finite times."""
-
-    key: str
-    fields: dict
-    files: tuple[tuple[str, int], ...]
-    compile_seconds: float
-    created: float
-    body_offset: int                                       # where the files' bytes begin
-
-    @property
-    def body_end(self) -> int:
-        return self.body_offset + sum(size for _, size in self.files)
-
-    def entry(self, **values) -> Entry:
-        return Entry(key=self.key, fields=self.fields, compile_seconds=self.compile_seconds, created=self.created, **values)
-
-
-def encode(entry: Entry) -> bytes:
-    """The entry's unsigned bytes (MAGIC, header, files)."""
-    names = sorted(entry.files)
-    header = json.dumps({"key": entry.key, "fields": entry.fields, "files": [[n, len(entry.files[n])] for n in names],
-                         "compile_seconds": entry.compile_seconds, "created": entry.created}, sort_keys=True).encode()
-    return b"".join([MAGIC, _LENGTH.pack(len(header)), header] + [entry.files[n] for n in names])
-
-
-def read_header(data: bytes, where: str, total: Optional[int] = None) -> Header:
-    """The validated header at the start of `data` (an entry, or at least its MAGIC, length and
-    header); `total`: the whole entry's size when `data` holds only its start. CacheEntryError
-    says what is wrong with anything that does not start like a valid entry."""
-    total = len(data) if total is None else total
-    if not data.startswith(MAGIC):
-        raise CacheEntryError(f"{where} is not a Kiln cache entry (or not of this format version)")
-    start = len(MAGIC) + _LENGTH.size
-    if len(data) < start:
-        raise CacheEntryError(f"{where} is truncated ({len(data)} bytes)")
-    (length,) = _LENGTH.unpack_from(data, len(MAGIC))
-    if length > MAX_HEADER_BYTES or start + length > total:
-        raise CacheEntryError(f"{where} has a header length of {length} bytes, beyond its {total} bytes "
-                              f"(or the {MAX_HEADER_BYTES}-byte limit): damaged or truncated")
-    if len(data) < start + length:
-        raise CacheEntryError(f"{where} is truncated in its header")
-    try:
-        raw = json.loads(data[start:start + length])
-    except (ValueError, RecursionError) as exc:
-        raise CacheEntryError(f"{where} has a damaged header ({type(exc).__name__})") from None
-    header = _validated(raw, where, start + length)
-    if header.body_end > total:
-        raise CacheEntryError(f"{where} is truncated ({total} of at least {header.body_end} bytes)")
-    return header
-
-
-def _validated(raw: Any, where: str, offset: int) -> Header:
-    def bad(what: str) -> CacheEntryError:
-        return CacheEntryError(f"{where} has a damaged header: {what}")
-
-    if not isinstance(raw, dict):
-        raise bad(f"a {type(raw).__name__}, not a mapping")
-    missing = sorted({"key", "fields", "files"} - set(raw))
-    if missing:
-        raise bad(f"no {', '.join(missing)}")
-    key, fields, files = raw["key"], raw["fields"], raw["files"]
-    if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
-        raise bad(f"key {shorten(key)} is not an entry key (32 letters and digits)")
-    if not isinstance(fields, dict) or _depth(fields) > MAX_FIELD_DEPTH:
-        raise bad(f"fields {shorten(fields)} are not a mapping of at most {MAX_FIELD_DEPTH} levels")
-    if not isinstance(files, list) or len(files) > MAX_FILES:
-        raise bad(f"files {shorten(files)} are not a list of at most {MAX_FILES} [name, size] pairs")
-    listed = []
-    for item in files:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and type(item[1]) is int
-                and item[1] >= 0):
-            raise bad(f"file {shorten(item)} is not a [name, size >= 0] pair")
-        if not _safe_relative(item[0]):
-            raise bad(f"file name {shorten(item[0])} names a file outside its directory")
-        listed.append((item[0], item[1]))
-    times = {}
-    for name in ("compile_seconds", "created"):
-        value = raw.get(name, 0.0)
-        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
-            raise bad(f"{name} {shorten(value)} is not a finite number >= 0")
-        times[name] = float(value)
-    return Header(key, fields, tuple(listed), body_offset=offset, **times)
-
-
-def _depth(value: Any) -> int:
-    """How deeply `value` (parsed JSON) nests, without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, level)
-            stack += [(child, level + 1) for child in (item.values() if isinstance(item, dict) else item)]
-    return deepest
-
-
-def _safe_relative(name: str) -> bool:
-    """A '/'-separated path that stays inside the folder it is written to."""
-    parts = name.split("/")
-    return (bool(name) and "\0" not in name and "\\" not in name and not name.startswith("/")
-            and not os.path.isabs(name) and ":" not in parts[0] and all(p not in ("", ".", "..") for p in parts))
-
-
-def decode(data: bytes, where: str, signed_with: Optional[bytes]) -> Entry:
-    """An Entry from signed bytes (`signed_with`: the key to check) or unsigned ones (None)."""
-    header = read_header(data, where)
-    body = header.body_end
-    expected = body + (trust.SIGNATURE_BYTES if signed_with is not None else 0)
-    if signed_with is not None and len(data) == body:
-        raise CacheEntryError(f"{where} is unsigned: Kiln loads only entries it signed itself; bring entries from "
-                              "elsewhere in with `kiln cache import`")
-    if len(data) < expected:
-        raise CacheEntryError(f"{where} is truncated ({len(data)} of {expected} bytes)")
-    if len(data) > expected:
-        raise CacheEntryError(f"{where} has {len(data) - expected} unexpected trailing bytes")
-    if signed_with is not None and not trust.verify(signed_with, data[:body], data[body:]):
-        raise CacheEntryError(f"{where} fails its signature: it was changed after Kiln wrote it, or was written with "
-                              "another user's or machine's key (copied in?); bring entries from elsewhere in with "
-                              "`kiln cache import`")
-    files, position = {}, header.body_offset
-    for name, size in header.files:
-        files[name] = data[position:position + size]
-        position += size
-    return header.entry(files=files, size=len(data))
 
 
 class CacheStore:

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from kiln.compiler.cache import CacheOptions, CacheStore, GraphCache, entry_key
+from kiln.compiler.cache import CacheOptions, CacheStore, Entry, GraphCache, entry_key
+from kiln.compiler.cache import entry as entry_module
 from kiln.compiler.cache import store as store_module
 
 
@@ -85,7 +86,7 @@ def test_a_corrupt_entry_is_refused_reported_and_recompiled(tmp_path, caplog):
 def test_an_entry_inductor_does_not_find_is_replaced(tmp_path):
     options = CacheOptions(dir=str(tmp_path))
     store = CacheStore(str(tmp_path), options.max_bytes)
-    store.write(store_module.Entry(key=entry_key(FIELDS), fields=dict(FIELDS), files={"fxgraph/other": b"x"}))
+    store.write(Entry(key=entry_key(FIELDS), fields=dict(FIELDS), files={"fxgraph/other": b"x"}))
     lowering = FakeLowering()
     _, _, event = GraphCache(options).lower(lowering, dict(FIELDS))
     assert event.outcome == "miss" and "Inductor compiled anyway" in event.reason and lowering.compiles == 1
@@ -202,7 +203,7 @@ def test_an_entry_with_a_bad_header_is_compiled_again_never_eager(tmp_path, head
     options = CacheOptions(dir=str(tmp_path))
     key = entry_key(FIELDS)
     store = CacheStore(str(tmp_path), options.max_bytes)
-    open(store.path(key), "wb").write(store_module.MAGIC + struct.pack(">Q", len(header)) + header)
+    open(store.path(key), "wb").write(entry_module.MAGIC + struct.pack(">Q", len(header)) + header)
     lowering = FakeLowering()
     compiled, _, event = GraphCache(options).lower(lowering, dict(FIELDS))
     assert event.outcome == "miss" and "refused" in event.reason and "damaged header" in event.reason

@@ -250,7 +250,7 @@ def test_an_odd_http_answer_ends_it_with_one_line(comfy, workflow, capsys, endpo
     line = the_server_sent(capsys)
     assert line.startswith(f"kiln queue: the server sent {says}"), line
     if endpoint == "/history":
-        assert line.endswith(f"'s answer as a list, not a JSON object: []") and comfy.prompts[0][0] in line
+        assert line.endswith("'s answer as a list, not a JSON object: []") and comfy.prompts[0][0] in line
 
 
 @pytest.mark.parametrize("edit, says", [
