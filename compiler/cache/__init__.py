@@ -1,8 +1,8 @@
 """Kiln's compile cache: signed entries of what Inductor produced, keyed by everything that decides reuse.
 
 See graph_cache.py for how a lowering uses it, key.py for what an entry's key holds, trust.py for
-who may put code in it, location.py for where it and its signing key live, store.py for the
-directory. No ComfyUI here.
+who may put code in it, location.py for where it and its signing key live, entry.py for one
+entry's bytes, store.py for the directory. No ComfyUI here.
 """
 from .describe import cache_problem, describe_cache
 from .graph_cache import CacheEvent, GraphCache
