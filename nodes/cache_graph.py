@@ -31,9 +31,9 @@ def workflow_cache(cache_dir: str, mode: str, max_gb: float):
     from ..compiler import CacheOptions, server_cache_dir
 
     user = folder_paths.get_user_directory()
-    named = os.path.expanduser(str(cache_dir).strip()) if isinstance(cache_dir, str) else cache_dir
-    if isinstance(named, str):
-        named = os.path.join(user, named) if named and not os.path.isabs(named) else named or default_dir()
+    named = cache_dir  # not text: CacheOptions refuses it, naming the setting
+    if isinstance(cache_dir, str):  # a relative name joins the user directory; an absolute one stays as it is
+        named = os.path.join(user, os.path.expanduser(cache_dir.strip()) or default_dir())
     within = (user,) + ((server_cache_dir(),) if server_cache_dir() else ())
     return CacheOptions(dir=named, mode=mode, max_gb=max_gb, within=within)
 
@@ -96,19 +96,21 @@ class KilnCacheGraph:
         name = type(model.get_model_object("diffusion_model")).__name__
         problem = compiler.cache_problem(options)
         report = compiler.describe_cache(options, name)
-        if problem:
-            pass  # the report says why, and that models compile without it
-        elif plan.compile is None:
-            report += (" It is used once Kiln › Compile UNet is in the chain (before or after this node); hit or miss is "
-                       "decided per graph on the first sampling step, and this node and the log say which, and why.")
-        elif plan.compile.lowering.uses_inductor:
-            report += " Hit or miss is decided per graph on the first sampling step; this node and the log say which, and why."
-        else:
-            report += f" Compile mode {plan.compile.mode!r} does not use Inductor: nothing to cache."
+        if not problem:  # else the report says why it cannot be used, and that models compile without it
+            report += _what_comes_next(plan)
         if note:
             report += f" {note}"
         show_report(report, problem, unique_id)
         return (patched, report)
+
+
+def _what_comes_next(plan) -> str:
+    if plan.compile is None:
+        return (" It is used once Kiln › Compile UNet is in the chain (before or after this node); hit or miss is "
+                "decided per graph on the first sampling step, and this node and the log say which, and why.")
+    if plan.compile.lowering.uses_inductor:
+        return " Hit or miss is decided per graph on the first sampling step; this node and the log say which, and why."
+    return f" Compile mode {plan.compile.mode!r} does not use Inductor: nothing to cache."
 
 
 NODE_CLASS_MAPPINGS = {"KilnCacheGraph": KilnCacheGraph}
