@@ -14,7 +14,7 @@ TINY_SD15 = dict(  # ComfyUI's SD1.5 UNet layout, scaled down
 )
 
 
-# The smallest layout ComfyUI's model detection still reads as SD1.5 (the harness's "tiny" checkpoint):
+# The smallest layout ComfyUI's model detection still reads as SD1.5 (a "tiny" random-weight checkpoint):
 # for tests that save a model and load it back through ComfyUI's loaders.
 DETECTABLE_SD15 = dict(
     image_size=32, in_channels=4, out_channels=4, model_channels=320, num_res_blocks=[1, 1], channel_mult=[1, 2],

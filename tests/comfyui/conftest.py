@@ -1,7 +1,7 @@
 """ComfyUI's process-wide settings, made once before any test module here imports comfy: ComfyUI
 reads them when its modules load (the attention implementation among them), so every test module
-must see the same ones. They are what the harness's server runs with. Without COMFYUI_PATH the
-test modules skip themselves."""
+must see the same ones. They are what a CPU server started with `main.py --cpu
+--use-pytorch-cross-attention` runs with. Without COMFYUI_PATH the test modules skip themselves."""
 import os
 import sys
 
@@ -14,4 +14,4 @@ if COMFYUI_PATH and os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
         pass
     else:
         comfy.cli_args.args.cpu = True  # what `main.py --cpu` sets, before model_management reads it
-        comfy.cli_args.args.use_pytorch_cross_attention = True  # SDPA attention, as the harness's server
+        comfy.cli_args.args.use_pytorch_cross_attention = True  # SDPA attention, as such a server

@@ -8,8 +8,9 @@ custom node pack and the model files the workflows name made from random-weight 
 - the SD1.5 workflows run (slow): tiny sizes, 2 steps, Kiln in mode fast, images saved, and the
   compiled UNet's image equals the one the same workflow gives without Kiln's nodes.
 
-Runs when COMFYUI_PATH points at a ComfyUI tree that has the harness's random-weight SD1.5
-checkpoint and LoRA (../shared/comfy-harness/setup.sh); skips otherwise."""
+Runs when COMFYUI_PATH points at a ComfyUI tree whose models folder holds an SD1.5 checkpoint
+`checkpoints/rand_sd15_tiny.safetensors` and a LoRA for it `loras/rand_lora_tiny.safetensors` (random
+weights are enough: every image is compared with the same workflow run without Kiln); skips otherwise."""
 import json
 import os
 import shutil
@@ -29,7 +30,7 @@ COMFY = Path(COMFYUI_PATH)
 CHECKPOINT = COMFY / "models" / "checkpoints" / "rand_sd15_tiny.safetensors"
 LORA = COMFY / "models" / "loras" / "rand_lora_tiny.safetensors"
 if not CHECKPOINT.exists() or not LORA.exists():
-    pytest.skip("the harness's random-weight checkpoint and LoRA are missing (run comfy-harness/setup.sh)",
+    pytest.skip(f"no SD1.5 checkpoint {CHECKPOINT} and LoRA {LORA} (random weights are enough)",
                 allow_module_level=True)
 
 from kiln.client.comfy import ComfyClient  # noqa: E402
