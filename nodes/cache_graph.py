@@ -94,8 +94,8 @@ class KilnCacheGraph:
         options = workflow_cache(cache_dir, cache, float(max_gb))
         patched, plan, note = plan_wrapper.declare(model, show_cache_on=str(unique_id or ""), cache=options)
         name = type(model.get_model_object("diffusion_model")).__name__
-        problem = compiler.cache_problem(options)
-        report = compiler.describe_cache(options, name)
+        described = compiler.describe_cache(options, name)
+        report, problem = described.text, described.problem
         if not problem:  # else the report says why it cannot be used, and that models compile without it
             report += _what_comes_next(plan)
         if note:

@@ -62,13 +62,13 @@ def _list(store: CacheStore, options: CacheOptions, args) -> int:
             continue
         print(f"{key[:12]:<12} {str(entry.fields.get('label', ''))[:44]:<44} {entry.size / 2**20:>7.1f}Mi "
               f"{entry.compile_seconds:>7.1f}s  {_when(entry.last_used)}")
-    print(describe_cache(options))
+    print(describe_cache(options).text)
     return 0
 
 
 def _info(store: CacheStore, options: CacheOptions, args) -> int:
     if not args.key:
-        print(describe_cache(options))
+        print(describe_cache(options).text)
         print(f"signing key: {store.key_path} (only entries signed with it are loaded)")
         return 0
     (key,) = _resolve(store, [args.key])

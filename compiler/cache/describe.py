@@ -1,8 +1,18 @@
 """What a cache directory holds, in a few lines (the Cache Graph node's report, `kiln cache info`)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .options import CacheOptions
 from .trust import CacheError
+
+
+@dataclass(frozen=True)
+class CacheReport:
+    """A cache directory described: `text` for people; `problem`, why it cannot be used ("" if it can)."""
+
+    text: str
+    problem: str = ""
 
 
 def cache_problem(options: CacheOptions) -> str:
@@ -17,16 +27,17 @@ def cache_problem(options: CacheOptions) -> str:
     return ""
 
 
-def describe_cache(options: CacheOptions, model: str = "") -> str:
+def describe_cache(options: CacheOptions, model: str = "") -> CacheReport:
     """'Kiln's cache (use) at DIR: 3 entries, 21.4 MiB of 20 GiB; 2 for UNetModel.' Opening a cache
-    checks its trust; a problem is described, not raised (the model then compiles without it)."""
+    checks where it is and its trust; a problem is described, not raised (the model then compiles
+    without it)."""
     if options.mode == "off":
-        return "Kiln's cache is off: nothing is read or stored."
+        return CacheReport("Kiln's cache is off: nothing is read or stored.")
     try:
         store = options.open()
         entries = [entry for _, entry, _ in store.headers() if entry is not None]
     except (CacheError, OSError) as exc:
-        return f"Kiln's cache at {options.named} cannot be used: {exc}. Models compile without it."
+        return CacheReport(f"Kiln's cache at {options.named} cannot be used: {exc}. Models compile without it.", str(exc))
     total = sum(entry.size for entry in entries)
     text = (f"Kiln's cache ({options.mode}) at {store.root}: {len(entries)} entries, {total / 2**20:.1f} MiB "
             f"of {options.max_gb:g} GiB")
@@ -35,4 +46,4 @@ def describe_cache(options: CacheOptions, model: str = "") -> str:
         text += f"; {len(mine)} for {model}"
         if mine:
             text += f" ({sum(e.compile_seconds for e in mine):.0f}s of compiling stored)"
-    return text + "."
+    return CacheReport(text + ".")

@@ -72,11 +72,8 @@ class GraphCache:
             self.unavailable = reason
 
     def _disable_for(self, exc: Exception) -> None:
-        if isinstance(exc, OSError):
-            reason = f"cannot use the cache directory {self.options.root} ({exc.strerror or exc})"
-        else:
-            reason = str(exc)
-        self._disable(f"{reason}; compiling without the cache")
+        where = f"cannot use the cache directory {self.options.root} ({_why(exc)})" if isinstance(exc, OSError) else ""
+        self._disable(f"{where or exc}; compiling without the cache")
 
     def lower(self, lower: Callable[[], tuple], fields: dict) -> tuple[Callable, str, CacheEvent]:
         """Run `lower()` (a Lowering.lower call returning (callable, name)) under the cache.
@@ -120,7 +117,7 @@ class GraphCache:
                 pass  # a read-only directory: the fresh compile's write will say so
             return None, f"refused: {exc}"
         except OSError as exc:
-            return None, f"cannot read the entry ({exc.strerror or exc})"
+            return None, f"cannot read the entry ({_why(exc)})"
         if entry is None:
             return None, cache_key.explain_miss(fields, [e.fields for _, e, _ in store.headers() if e is not None])
         return entry, ""
@@ -149,7 +146,7 @@ class GraphCache:
             files = read_files(work)
         except OSError as exc:
             self._disable_for(exc)
-            return CacheEvent(label, outcome, f"{reason}; not stored: {exc.strerror or exc}".lstrip("; "), key)
+            return CacheEvent(label, outcome, f"{reason}; not stored: {_why(exc)}".lstrip("; "), key)
         if not any(name.startswith("fxgraph/") for name in files):
             event = CacheEvent(label, outcome, f"{reason}; nothing stored: Inductor did not cache this graph "
                                                "(see TORCH_LOGS=+inductor for its bypass reason)".lstrip("; "), key)
@@ -160,8 +157,7 @@ class GraphCache:
             size = store.write(entry)
         except (CacheError, OSError) as exc:
             self._disable_for(exc)
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            return CacheEvent(label, outcome, f"{reason}; not stored: {why}".lstrip("; "), key)
+            return CacheEvent(label, outcome, f"{reason}; not stored: {_why(exc)}".lstrip("; "), key)
         event = CacheEvent(label, outcome, reason, key, entry_bytes=size)
         log.info("Kiln: %s", event.line())
         return event
@@ -173,3 +169,8 @@ def _lower_in(work: str, lower) -> tuple[Callable, str, float]:
     with compat.inductor_persistent_caches(), compat.inductor_cache_dir(work):
         compiled, name = lower()
     return compiled, name, time.perf_counter() - start
+
+
+def _why(exc: Exception) -> str:
+    """What went wrong, in a few words: an OSError's own words ("No space left on device")."""
+    return str(getattr(exc, "strerror", None) or exc)

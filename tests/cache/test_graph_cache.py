@@ -244,7 +244,9 @@ def test_a_directory_outside_the_allowed_ones_is_not_used(tmp_path, caplog):
     assert event.outcome == "unavailable" and "outside the directories a workflow may use" in event.reason
     assert "KILN_CACHE_DIR" in event.reason and lowering.compiles == 1 and compiled(1) == 1
     assert os.listdir(outside) == [] and "outside the directories" in caplog.text
-    assert "cannot be used" in describe_cache(options) and os.listdir(outside) == []
+    described = describe_cache(options)
+    assert "cannot be used" in described.text and described.problem in described.text
+    assert "outside the directories" in described.problem and os.listdir(outside) == []
     inside = CacheOptions(dir=str(allowed / "kiln-cache"), within=(str(allowed),))
     assert GraphCache(inside).lower(FakeLowering(), dict(FIELDS))[2].outcome == "miss"
 
