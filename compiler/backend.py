@@ -61,8 +61,10 @@ class KilnBackend:
     """
 
     def __init__(self, options: CompileOptions, stats: KilnStats, code=None, progress: Optional[Progress] = None,
-                 cache: Optional[GraphCache] = None, label: str = "model"):
+                 cache: Optional[GraphCache] = None, label: str = "model", region: str = "",
+                 cuda_graph_budget: Optional[CudaGraphBudget] = None):
         self.options = options
+        self.region = region      # the block region this backend compiles ("" for the whole model)
         self.cache = cache        # Kiln's cache (None: not asked for); lowerings through Inductor go through it
         self.label = label        # the model's class name, shown in cache listings
         self.stats = stats
@@ -72,7 +74,9 @@ class KilnBackend:
         # at the start of each call and dropped at its end (it holds code objects: never keep it)
         self._failures_seen: dict = {}
         self._warned_cuda_graphs = False
-        self._cuda_graph_budget: Optional[CudaGraphBudget] = None  # one per model, made with its first CUDA graph
+        # one per model, made with its first CUDA graph (the regions of a model share the model's)
+        self._cuda_graph_budget: Optional[CudaGraphBudget] = cuda_graph_budget
+        self.graphs = 0           # graphs this backend compiled
         self.calls = 0            # calls of the compiled module finished so far
         self.interrupt: Optional[BaseException] = None  # what the progress callback raised, if it did
         self._capture_from = None  # the call's start, or the end of its previous graph: TorchDynamo captures from then
@@ -81,7 +85,7 @@ class KilnBackend:
 
     def _reason(self) -> str:
         new, self._failures_seen = compat.guard_failures_since(self._failures_seen), compat.guard_failure_counts()
-        if not self.stats.compiles:
+        if not self.graphs:
             return "first compile"
         # failures of cache entries compiled by other backends (other kiln.compile / torch.compile
         # of the same forward) say BACKEND_MATCH: they are not this model's reason
@@ -119,7 +123,7 @@ class KilnBackend:
         self._capture_from = time.perf_counter()
         self._breaks_seen = compat.graph_break_count()
         self._failures_seen = compat.guard_failure_counts()
-        self._call_compiles = self.stats.compile_count
+        self._call_compiles = self.graphs
 
     def end_call(self) -> None:
         """After every call, however it ended."""
@@ -127,16 +131,17 @@ class KilnBackend:
 
     def after_call(self):
         self.calls += 1
-        if self.stats.compile_count > self._call_compiles:
+        if self.graphs > self._call_compiles:
             return
         # no compile in this call, so _failures_seen is still the snapshot before_call took
         guard_failed = compat.guard_failure_counts() != self._failures_seen
-        if self.stats.compile_count == 0 or guard_failed:
+        if self.graphs == 0 or guard_failed:
             # No graph serves this call and none was compiled: TorchDynamo ran it eagerly, which
             # happens when its recompile limit for this forward is used up. Say so; never hide it.
+            unit = f"region {self.region}" if self.region else "model"
             reason = (f"TorchDynamo ran a call eagerly: no compiled graph fits it and none was compiled "
-                      f"(its recompile limit, {compat.recompile_limit()} graphs per model, reached for "
-                      f"{getattr(self.code, 'co_name', 'this model')}? dynamic auto serves new shapes from one graph)")
+                      f"(its recompile limit, {compat.recompile_limit()} graphs per {unit}, reached for "
+                      f"{getattr(self.code, 'co_name', 'this ' + unit)}? dynamic auto serves new shapes from one graph)")
             self.stats.eager_calls += 1
             if self.stats.eager_calls == 1:
                 log.warning("Kiln: %s", reason)
@@ -155,6 +160,7 @@ class KilnBackend:
 
         lowering = self.options.lowering
         index = len(self.stats.compiles)
+        self.graphs += 1
         graph = graph_hash(gm, is_weight) if self._caching() else ""  # the captured structure, before the passes
         ctx = PassContext(device_type=device, triton=triton_available() and device == "cuda",
                           grad_enabled=torch.is_grad_enabled(), inductor=lowering.uses_inductor, mode=self.options.mode)
@@ -163,14 +169,17 @@ class KilnBackend:
         dynamic = _is_dynamic(gm)
         # the shape manager may lower the rewritten graph again for a static signature: keep it as
         # it is now (Inductor rewrites the graph it lowers)
-        specialisable = dynamic and lowering.can_specialise and self.options.shapes.specialize != "none"
+        # (a region's inputs are a block's, with no latent to pin shapes by: only whole models specialise)
+        specialisable = (dynamic and lowering.can_specialise and self.options.shapes.specialize != "none"
+                         and not self.region)
         captured = compat.copy_graph_module(gm) if specialisable else gm
         cache_tag = f"kiln-{passes_uuid()}"
 
         def lower(graph_module, args, label):
             if not self._caching():
                 return lowering.lower(graph_module, args, self.options, device, cache_tag)
-            options = {name: value for name, value in self.options.as_dict().items() if name != "shapes"}
+            options = {name: value for name, value in self.options.as_dict().items()
+                       if name not in ("shapes", "compile_unit")}  # neither changes a graph's lowering
             fields = entry_fields(graph, args, options, self.options.shapes.as_dict(), device,
                                   f"{self.label} {label}")
             compiled, name, event = self.cache.lower(
@@ -185,13 +194,16 @@ class KilnBackend:
             input_shapes=_user_input_shapes(gm), nodes=len(gm.graph.nodes),
             rewrites={r.name: r.rewrites for r in results}, skipped={r.name: r.skipped for r in results if r.skipped},
             seconds=time.perf_counter() - start, dynamic=dynamic, capture_seconds=capture, graph_breaks=breaks,
+            region=self.region,
         )
         self._capture_from = time.perf_counter()
         self._breaks_seen = compat.graph_break_count()
         self.stats.compiles.append(record)
         log.info("Kiln compiled %s", record.line())
         budget = self._budget(device)
-        if not dynamic and budget is None:
+        if budget is None and (not dynamic or self.region):
+            # a region's graph serves every size its guards admit; the shape manager's records (and
+            # pins) are the whole model's
             return lowered
         # a dynamic graph serves many shape signatures: the shape manager records and routes them
         # (a static one only its own; it goes through the shape manager to count its CUDA graph)

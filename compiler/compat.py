@@ -231,3 +231,34 @@ def inductor_cache_counts() -> dict[str, int]:
     out.update({name: int(counters["aot_autograd"][name])
                 for name in ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass")})
     return out
+
+
+def call_module_body(module: torch.nn.Module, *args, **kwargs):
+    """Call `module` with its hooks but past any compiled call installed on it (`Module._call_impl`,
+    what `module(...)` runs when no `_compiled_call_impl` is set; checked: torch 2.5 - 2.14). A
+    region's entry function calls its block through this, so routing the block's calls to that entry
+    never loops back into it."""
+    return module._call_impl(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def calls_routed(routes: Mapping[torch.nn.Module, Callable]):
+    """While inside: `module(...)` runs `routes[module](...)` instead, for each module in `routes`.
+    It is the hook `nn.Module.compile()` installs (`_compiled_call_impl`, read by
+    `Module._wrapped_call_impl`; checked: torch 2.2 - 2.14), set for the duration of one call of the
+    model and put back as it was after, so the module stays the same object (ComfyUI dispatches on
+    its class) and behaves as before outside Kiln's call."""
+    before = {module: module.__dict__.get("_compiled_call_impl") for module in routes}
+    try:
+        for module, route in routes.items():
+            module._compiled_call_impl = route
+        yield
+    finally:
+        for module, previous in before.items():
+            module._compiled_call_impl = previous
+
+
+def is_view(tensor: torch.Tensor) -> bool:
+    """`tensor` is a view of another tensor (autograd's view tracking: `Tensor._is_view`; checked:
+    torch 2.5 - 2.14). Inference-mode tensors are never views."""
+    return tensor._is_view()

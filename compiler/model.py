@@ -13,6 +13,10 @@ backend). Every caller, ComfyUI's wrapper or Python code, calls the KilnModel, a
 - says once when the model is on CUDA and Triton is missing (Kiln's kernels then run their
   torch references).
 
+What it compiles is the plan's `compile_unit`: by blocks (each distinct block once, identical blocks
+sharing its code, the glue between blocks eager: compiler/blocks.py, compiler/regional.py), the
+default for a model that repeats blocks, or the whole model as one graph.
+
 `model_for(module, plan)` returns the one KilnModel of that module and plan: running the same plan
 on the same module again reuses its compiled graphs, and a changed plan compiles once, with a log
 line saying what changed. The memo lives in the module's own `__dict__` and TorchDynamo's compiled
@@ -29,10 +33,12 @@ import torch
 
 from . import compat
 from .backend import KilnBackend
+from .blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
 from .method import label_of
 from .passes import Progress
 from .plan import KilnPlan
+from .regional import RegionalCompile
 from .shapes import contiguous_inputs, mark_batch_and_resolution_dynamic, mark_schedule_dynamic
 from .stats import KilnStats
 
@@ -103,6 +109,7 @@ class KilnModel(torch.nn.Module):
         self._compiled = None           # the torch.compile'd entry function, made on the first call
         self._compiled_code = None      # its code object: TorchDynamo's graphs for this model live on it
         self._backend: Optional[KilnBackend] = None
+        self._regions: Optional[RegionalCompile] = None  # compiled by blocks: the regions, made on the first call
 
     @property
     def original(self) -> torch.nn.Module:
@@ -118,9 +125,12 @@ class KilnModel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         module = self.original
-        compiled = None if self.stats.fallback else self._compiled or self._prepare()
+        compiled = None if self.stats.fallback else self._compiled or self._regions or self._prepare()
         if compiled is None:
             return module(*args, **kwargs)
+        if compiled is self._regions:
+            with self._regions.routed(self.progress):
+                return module(*args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
         mark_schedule_dynamic(args, kwargs)
         if self.plan.compile.dynamic is None:  # auto: batch and resolution dynamic from the first compile
@@ -165,16 +175,46 @@ class KilnModel(torch.nn.Module):
         if note:
             log.warning("Kiln: %s", note)
             self.stats.warnings.append(note)
-        entry = _entry_function(f"kiln_{label_of(module).replace('.', '_')}")
-        self._compiled_code = entry.__code__
         cache = GraphCache(self.plan.cache) if self.plan.cache is not None else None
         if cache is not None and not options.lowering.uses_inductor:
             note = f"Kiln's cache stores Inductor's work; mode {options.mode!r} has none (nothing is cached)"
             log.info("Kiln: %s", note)
             self.stats.warnings.append(note)
-        self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=label_of(module))
+        label = label_of(module)
+        regions = self._blocks_to_compile(module)
+        if regions:
+            self._regions = RegionalCompile(regions, options, self.stats, cache, label)
+            log.info("Kiln: %s compiles by blocks: %s", label, self.stats.units_line())
+            return self._regions
+        entry = _entry_function(f"kiln_{label.replace('.', '_')}")
+        self._compiled_code = entry.__code__
+        self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=label)
         self._compiled = torch.compile(entry, backend=self._backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
         return self._compiled
+
+    def _blocks_to_compile(self, module: torch.nn.Module) -> list:
+        """The regions to compile by blocks, or [] to compile the whole model (with the reason logged
+        when blocks were asked for or auto had to choose whole)."""
+        options = self.plan.compile
+        if options.compile_unit == "whole":
+            return []
+        if options.compile_unit == "auto" and options.pins_shapes:
+            log.info("Kiln: %s compiles whole: its shape policy pins static shapes of the whole model's graph",
+                     label_of(module))
+            return []
+        regions = regions_of(module)
+        if options.compile_unit == "blocks" and regions:
+            return regions
+        if has_repeated_blocks(regions):
+            return regions
+        why = "it has no blocks" if not regions else "no two of its blocks are alike"
+        if options.compile_unit == "blocks":
+            note = f"compile_unit blocks: {why}; it compiles whole"
+            log.warning("Kiln: %s %s", label_of(module), note)
+            self.stats.warnings.append(note)
+        else:
+            log.info("Kiln: %s compiles whole: %s", label_of(module), why)
+        return []
 
     def _fall_back(self, reason: str, exc: Optional[BaseException] = None) -> None:
         self.stats.fallback = reason

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from .blocks import COMPILE_UNITS
 from .inductor_settings import setting_problem
 from .lowering import LOWERINGS, MODES, Lowering
 from .option_text import parse_mapping_text, shorten
@@ -42,6 +43,10 @@ class CompileOptions:
         no programs, paths, caches or hooks). Never changes the global Inductor config.
     shapes: which shapes get a static variant of their own and how many are kept (ShapePolicy;
         a mapping such as {"specialize": "buckets", "pin": ["1024x1024"], "max_variants": 8}).
+        Static variants are made for the whole model's graph: with pins or specialize, auto
+        compiles the whole model.
+    compile_unit: "auto" | "blocks" | "whole" (COMPILE_UNITS, compiler/blocks.py): compile each
+        distinct block once and share it between identical blocks, or the whole model as one graph.
     """
 
     mode: str = "balanced"
@@ -51,10 +56,13 @@ class CompileOptions:
     fullgraph: bool = False
     inductor: Mapping[str, Any] = field(default_factory=dict)
     shapes: ShapePolicy = field(default_factory=ShapePolicy)
+    compile_unit: str = "auto"
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise OptionsError(f"mode={shorten(self.mode)} is not a Kiln mode; use one of {', '.join(MODES)}")
+        if not isinstance(self.compile_unit, str) or self.compile_unit not in COMPILE_UNITS:
+            raise OptionsError(f"compile_unit={shorten(self.compile_unit)}: use one of {', '.join(COMPILE_UNITS)}")
         if not (self.dynamic is None or isinstance(self.dynamic, bool)):
             raise OptionsError(f"dynamic={shorten(self.dynamic)}: use true, false or null (let TorchDynamo decide)")
         for key in ("cuda_graphs", "fullgraph"):
@@ -75,6 +83,15 @@ class CompileOptions:
             raise OptionsError("shapes.pin and shapes.specialize need dynamic auto or true: with dynamic=false TorchDynamo "
                                "specialises every shape itself (each new shape recompiles, with static kernels), so there "
                                "is no dynamic graph to pin shapes ahead of; drop the pins or use dynamic auto")
+        if self.compile_unit == "blocks" and self.pins_shapes:
+            raise OptionsError("shapes.pin and shapes.specialize make static variants of the whole model's graph; with "
+                               "compile_unit: blocks there is none (each block's graph serves every size): use "
+                               "compile_unit: auto or whole with them, or drop them")
+
+    @property
+    def pins_shapes(self) -> bool:
+        """The shape policy asks for static variants (of the whole model's graph)."""
+        return self.shapes.specialize != "none" or bool(self.shapes.pin)
 
     @property
     def lowering(self) -> Lowering:
@@ -96,6 +113,7 @@ class CompileOptions:
             "fullgraph": self.fullgraph,
             "inductor": dict(self.inductor),
             "shapes": self.shapes.as_dict(),
+            "compile_unit": self.compile_unit,
         }
 
 

@@ -43,12 +43,19 @@ def _tensors(value, depth: int = 2):
 
 
 def contiguous_inputs(args, kwargs):
-    """The call's tensor arguments, dense. Callers pass slices too (a VAE's tiles, the crops of
-    ComfyUI's area conditioning): TorchDynamo guards on their strides, so each new slicing would
-    recompile; a copy of a slice costs far less than the model run on it. A dense tensor in another
-    layout (channels-last, a transpose) is left as it is."""
+    """The call's tensor arguments, dense and not views. Callers pass slices too (a VAE's tiles, the
+    crops of ComfyUI's area conditioning): TorchDynamo guards on their strides, so each new slicing
+    would recompile; a copy of a slice costs far less than the model run on it. A dense tensor in
+    another layout (channels-last, a transpose) is left as it is. A dense view (a Linear's 3-D output
+    is one) is passed detached from its base, with the same memory: TorchDynamo guards on a view's
+    base, so a view in one call and a plain tensor in the next would recompile (seen between two
+    identical blocks, the first fed by eager glue)."""
     def fix(value):
-        return value.contiguous() if isinstance(value, torch.Tensor) and not _dense(value) else value
+        if not isinstance(value, torch.Tensor):
+            return value
+        if not _dense(value):
+            return value.contiguous()
+        return value.detach() if compat.is_view(value) else value
 
     return tuple(fix(a) for a in args), {k: fix(v) for k, v in kwargs.items()}
 

@@ -21,10 +21,12 @@ class GraphCompile:
     dynamic: bool = False           # the graph has symbolic shapes
     capture_seconds: float = 0.0    # TorchDynamo's capture before Kiln's backend got the graph
     graph_breaks: list[str] = field(default_factory=list)  # breaks hit capturing it ('where: what'); it ends at the last
+    region: str = ""                # the block region it compiles ("ResnetBlock2D#2"); "" for the whole model
 
     def line(self) -> str:
         fired = ", ".join(f"{k} x{v}" for k, v in self.rewrites.items() if v) or "none"
-        return (f"graph {self.index}: {self.nodes} nodes, inputs {self.input_shapes}{' (dynamic)' if self.dynamic else ''}, "
+        where = f" (region {self.region})" if self.region else ""
+        return (f"graph {self.index}{where}: {self.nodes} nodes, inputs {self.input_shapes}{' (dynamic)' if self.dynamic else ''}, "
                 f"captured in {self.capture_seconds:.1f}s, lowered by {self.lowering} in {self.seconds:.1f}s; passes fired: {fired}; reason: {self.reason}"
                 + (f"; ends at graph break {self.graph_breaks[-1]}" if self.graph_breaks else ""))
 
@@ -59,6 +61,8 @@ class KilnStats:
     variants: list[VariantRecord] = field(default_factory=list)
     evictions: int = 0              # specialised variants dropped by the LRU bound
     cache: list = field(default_factory=list)  # CacheEvents (compiler/cache): hit or miss per lowering, and why
+    regions: list = field(default_factory=list)  # compiled by blocks: the Regions (compiler/blocks.py); [] for whole
+    region_fallbacks: dict = field(default_factory=dict)  # region name -> why its blocks run eagerly
 
     @property
     def cache_hits(self) -> int:
@@ -79,6 +83,13 @@ class KilnStats:
         """Graphs compiled because a guard failed (shape, dtype, grad mode...), with the reason."""
         return [c for c in self.compiles if c.reason.startswith("recompile")]
 
+    def units_line(self) -> str:
+        """'44 blocks in 20 regions (one compiled code each), 24 graphs'; "" for a whole-model compile."""
+        if not self.regions:
+            return ""
+        blocks = sum(len(region.members) for region in self.regions)
+        return f"{blocks} blocks in {len(self.regions)} regions (one compiled code each), {self.compile_count} graph(s)"
+
     def variant_counts(self) -> dict[str, int]:
         """How each shape signature was served: {"compiled": n, "reused": n, "specialised": n}."""
         return dict(Counter(v.how for v in self.variants))
@@ -92,8 +103,12 @@ class KilnStats:
 
     def summary(self) -> str:
         lines = [f"Kiln {self.options.get('mode')}: {self.compile_count} graph(s) compiled, {len(self.recompiles)} recompile(s)"]
+        if self.regions:
+            lines.append(f"  by blocks: {self.units_line()}")
+            lines += ["    " + region.line() for region in self.regions]
         if self.fallback:
             lines.append(f"RUNNING EAGER: {self.fallback}")
+        lines += [f"REGION {name} RUNS EAGER: {why}" for name, why in self.region_fallbacks.items()]
         if self.eager_calls:
             lines.append(f"{self.eager_calls} call(s) ran eagerly: {self.warnings[0]}")
         lines += [f"  graph break at {where} ({n} graph(s))" for where, n in self.graph_breaks.items()]
@@ -115,4 +130,5 @@ class KilnStats:
                 "warnings": self.warnings, "compiles": [asdict(c) for c in self.compiles],
                 "pass_counts": self.pass_counts, "recompiles": len(self.recompiles), "graph_breaks": self.graph_breaks,
                 "variants": [asdict(v) for v in self.variants], "evictions": self.evictions,
-                "cache": [asdict(event) for event in self.cache]}
+                "cache": [asdict(event) for event in self.cache],
+                "regions": [asdict(region) for region in self.regions], "region_fallbacks": self.region_fallbacks}

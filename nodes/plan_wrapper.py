@@ -114,6 +114,8 @@ def show_compiles_since(node_id: str, stats, mark: tuple[int, int]) -> None:
     """Show the compiles and new shape variants since `mark` on the node `node_id` (none: nothing)."""
     compiles, variants = mark
     lines = [compile_line(c) for c in stats.compiles[compiles:]]
+    if lines and compiles == 0 and stats.regions:
+        lines.insert(0, f"Kiln compiles by blocks: {stats.units_line()}")
     lines += [f"Kiln variant: {v.line()}" for v in stats.variants[variants:] if v.how != "reused"]
     if node_id and lines:
         show_text(node_id, "\n".join(lines))
@@ -121,12 +123,14 @@ def show_compiles_since(node_id: str, stats, mark: tuple[int, int]) -> None:
 
 def compile_line(graph) -> str:
     """One compile as Compile UNet shows it, and as `kiln queue` reads it back (its time and variant):
-    'Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes): first compile'. A recompile's reason is
+    'Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes): first compile', with 'for region
+    ResnetBlock2D#1' before the colon when the model compiles by blocks. A recompile's reason is
     the failed guard with its source line; the stack trace TorchDynamo adds under it is in the log."""
     shapes = "dynamic shapes" if graph.dynamic else "static shapes"
     reason = graph.reason.partition("\n")[0]
+    region = f" for region {graph.region}" if graph.region else ""
     return (f"Kiln compiled graph {graph.index} in {graph.capture_seconds + graph.seconds:.1f}s "
-            f"({graph.lowering}, {shapes}): {reason}")
+            f"({graph.lowering}, {shapes}){region}: {reason}")
 
 
 def _install(model_patcher, wrapper) -> str:

@@ -1,0 +1,137 @@
+"""Compile units: the blocks a diffusion model repeats, grouped so each distinct one compiles once.
+
+A diffusion model is a few block types repeated many times (SD1.5's UNet: 22 residual and 16
+transformer blocks; Flux: 19 double and 38 single blocks). Compiling the whole model traces and
+lowers every repetition again; compiling each *distinct* block once and running every identical
+block through that code costs only the distinct ones (`compile_unit: blocks`).
+
+Which modules are blocks, by structure alone (no list of model classes to keep up to date):
+
+- a *block list* is a ModuleList or Sequential (ComfyUI's TimestepEmbedSequential included) whose
+  elements include blocks: `input_blocks`, `down_blocks[0].resnets`, `transformer_blocks`, ...
+- a *block* is a module with parameters of a class of the model's own (not a torch.nn layer such as
+  Linear or Conv2d, nor a subclass of one like ComfyUI's ops); an element of a block list is a
+  block, unless it is a container itself or holds a block list whose elements repeat: then the walk
+  goes on inside it (SDXL's 10-deep SpatialTransformer splits into its 10 identical
+  BasicTransformerBlocks; SD1.5's 1-deep one stays one block, glue included);
+- blocks never nest, and what is not in a block (embeddings, conv_in, the final norm, the loops
+  between blocks) runs as it is, eagerly: it is a small part of a step.
+
+Two blocks share a region, and so one compiled code, when their signature is equal: class,
+parameter and buffer names, shapes, dtypes and devices, and the plain attributes (ints, floats,
+strings, flags) of the block and its submodules, which its code may read. TorchDynamo's guards
+still check every call, so a signature that misses something costs a recompile, never a wrong result.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+# How a model is cut into compiled code: one source for CompileOptions, the node's advanced YAML and the docs
+COMPILE_UNITS = {
+    "auto": "blocks when the model repeats blocks, else whole",
+    "blocks": "compile each distinct block once; identical blocks share its code (fastest first compile)",
+    "whole": "the whole model as one graph (slowest first compile; every op in one graph)",
+}
+
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
+_NOT_LAYERS = (torch.nn.Module, torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
+_PLAIN = (int, float, bool, str, type(None))
+
+
+@dataclass(frozen=True)
+class Region:
+    """One distinct block: compiled once, run for every block in `members` (their paths in the model)."""
+
+    index: int
+    name: str                    # "ResnetBlock2D#2": the class, and which of its distinct shapes
+    members: tuple[str, ...]     # "down_blocks.0.resnets.0", ...
+
+    def line(self) -> str:
+        shown = ", ".join(self.members[:3]) + (f", ... ({len(self.members)} blocks)" if len(self.members) > 3 else "")
+        return f"region {self.index} {self.name}: {shown}"
+
+
+def is_layer(module: torch.nn.Module) -> bool:
+    """A torch.nn layer (Linear, Conv2d, GroupNorm...) or a subclass of one (ComfyUI's ops)."""
+    return any(cls.__module__.startswith("torch.nn.") and cls not in _NOT_LAYERS for cls in type(module).__mro__)
+
+
+def is_block(module: torch.nn.Module) -> bool:
+    return not is_layer(module) and next(module.parameters(), None) is not None
+
+
+def _is_block_list(module: torch.nn.Module) -> bool:
+    return isinstance(module, _CONTAINERS) and any(is_block(m) for m in module.children())
+
+
+def signature(block: torch.nn.Module) -> str:
+    """What decides whether two blocks run the same compiled code (see the module docstring)."""
+    cls = type(block)
+    parts = [f"{cls.__module__}.{cls.__qualname__}"]
+    for name, tensor in (*block.named_parameters(), *block.named_buffers()):
+        parts.append(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.device.type}:{type(tensor).__name__}")
+    for path, sub in block.named_modules():
+        for key, value in sorted(vars(sub).items()):
+            if key.startswith("_") or key == "training":
+                continue
+            if isinstance(value, _PLAIN) or (isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)):
+                parts.append(f"{path}.{key}={value!r}")
+            elif callable(value) and not isinstance(value, torch.nn.Module):
+                parts.append(f"{path}.{key}={getattr(value, '__qualname__', type(value).__qualname__)}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _repeats(block_list: torch.nn.Module) -> bool:
+    counts = Counter(signature(m) for m in block_list.children() if is_block(m))
+    return any(n > 1 for n in counts.values())
+
+
+def find_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(path, block) for every block of `model`, in model order (see the module docstring)."""
+    found: list[tuple[str, torch.nn.Module]] = []
+
+    def split(module: torch.nn.Module) -> bool:
+        return isinstance(module, _CONTAINERS) or any(
+            _is_block_list(child) and _repeats(child) for child in module.children())
+
+    def walk(module: torch.nn.Module, prefix: str) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            if _is_block_list(child):
+                for element_name, element in child.named_children():
+                    element_path = f"{path}.{element_name}"
+                    if not is_block(element):
+                        continue
+                    if split(element):
+                        walk(element, element_path + ".")
+                    else:
+                        found.append((element_path, element))
+            else:
+                walk(child, path + ".")
+
+    walk(model, "")
+    return found
+
+
+def regions_of(model: torch.nn.Module) -> list[tuple[Region, list[torch.nn.Module]]]:
+    """The model's blocks grouped into regions (one per distinct signature, in model order), each
+    with its blocks."""
+    groups: dict[str, list[tuple[str, torch.nn.Module]]] = {}
+    for path, block in find_blocks(model):
+        groups.setdefault(signature(block), []).append((path, block))
+    per_class: Counter = Counter()
+    regions = []
+    for index, members in enumerate(groups.values()):
+        cls = type(members[0][1]).__name__
+        per_class[cls] += 1
+        region = Region(index=index, name=f"{cls}#{per_class[cls]}", members=tuple(p for p, _ in members))
+        regions.append((region, [b for _, b in members]))
+    return regions
+
+
+def has_repeated_blocks(regions: list[tuple[Region, list[torch.nn.Module]]]) -> bool:
+    return any(len(region.members) > 1 for region, _ in regions)

@@ -1,0 +1,198 @@
+"""Compiling by blocks (compiler/regional.py): each distinct block compiled once, shared by identical blocks."""
+import pytest
+import torch
+
+import kiln
+from kiln.compiler import CompileOptions, Lowering, OptionsError
+from testing_utils import rel_err
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm, self.fc = torch.nn.LayerNorm(dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.fc(self.norm(x)))
+
+
+class Net(torch.nn.Module):
+    """Six identical blocks, then two of another width: two regions."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.up, self.out = torch.nn.Linear(8, 16), torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+        self.blocks = torch.nn.ModuleList(Block(16) for _ in range(6))
+        self.wide = torch.nn.ModuleList(Block(32) for _ in range(2))
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        x = self.up(x)
+        for block in self.wide:
+            x = block(x)
+        return self.out(x)
+
+
+class Cancelled(Exception):
+    """Stands in for ComfyUI's InterruptProcessingException, raised by its progress callback."""
+
+
+def _net():
+    torch.manual_seed(0)
+    return Net().eval()
+
+
+def test_identical_blocks_share_one_graph_and_each_distinct_block_gets_its_own():
+    module, x = _net(), torch.randn(2, 7, 8)
+    compiled = kiln.compile(module, mode="fast")
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-6
+    info = kiln.stats(compiled)
+    assert [(r.name, len(r.members)) for r in info.regions] == [("Block#1", 6), ("Block#2", 2)]
+    assert info.compile_count == 2 and [c.region for c in info.compiles] == ["Block#1", "Block#2"]
+    assert info.fallback is None and not info.region_fallbacks and info.eager_calls == 0
+    assert "8 blocks in 2 regions" in info.summary() and "region 0 Block#1: blocks.0, blocks.1, blocks.2, ..." in info.summary()
+
+
+def test_weights_changed_in_place_after_compiling_show_up_in_every_block():
+    module, x = _net(), torch.randn(2, 7, 8)
+    compiled = kiln.compile(module, mode="fast")
+    with torch.no_grad():
+        compiled(x)
+        for block in (module.blocks[0], module.blocks[4], module.wide[1]):
+            block.fc.weight.mul_(-1.5)  # what a LoRA patch does: the same tensors, new values
+        assert rel_err(compiled(x), module(x)) < 1e-6
+    assert kiln.stats(compiled).compile_count == 2
+
+
+def test_a_new_batch_or_length_compiles_nothing():
+    module = _net()
+    compiled = kiln.compile(module, mode="fast")
+    with torch.no_grad():
+        compiled(torch.randn(2, 7, 8))
+        for shape in ((3, 11, 8), (4, 5, 8), (2, 64, 8)):
+            x = torch.randn(*shape)
+            assert rel_err(compiled(x), module(x)) < 1e-6
+    info = kiln.stats(compiled)
+    assert info.compile_count == 2 and not info.recompiles, info.summary()
+
+
+def test_progress_counts_regions_done():
+    seen = []
+    compiled = kiln.compile(_net(), mode="fast", progress=lambda what, done, total: seen.append((what, done, total)))
+    with torch.no_grad():
+        compiled(torch.randn(2, 7, 8))
+    assert seen[0][0].startswith("region 1/2 Block#1: ") and seen[0][1:] == (0, 2)
+    assert seen[-1][0].startswith("region 2/2 Block#2: lowered by fx") and seen[-1][1:] == (2, 2)
+    assert [done for _, done, _ in seen] == sorted(done for _, done, _ in seen)
+
+
+def test_a_failed_region_runs_its_blocks_eagerly_and_the_others_stay_compiled(monkeypatch, caplog):
+    real = Lowering.lower
+
+    def lower(self, gm, example_inputs, *args, **kwargs):
+        if any(isinstance(a, torch.Tensor) and a.dim() and a.shape[-1] == 32 for a in example_inputs):
+            raise RuntimeError("lowering exploded")
+        return real(self, gm, example_inputs, *args, **kwargs)
+
+    monkeypatch.setattr(Lowering, "lower", lower)
+    module, x = _net(), torch.randn(2, 7, 8)
+    compiled = kiln.compile(module, mode="fast")
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-6
+        assert rel_err(compiled(x), module(x)) < 1e-6
+    info = kiln.stats(compiled)
+    assert info.fallback is None and info.compile_count == 1 and info.compiles[0].region == "Block#1"
+    assert list(info.region_fallbacks) == ["Block#2"] and "lowering exploded" in info.region_fallbacks["Block#2"]
+    assert "region Block#2 (2 block(s): wide.0...) compile failed" in caplog.text
+    assert "the other regions stay compiled" in caplog.text and "REGION Block#2 RUNS EAGER" in info.summary()
+
+
+def test_a_cancel_in_one_region_is_re_raised_and_the_next_call_compiles_only_what_is_missing():
+    module, x = _net(), torch.randn(2, 7, 8)
+    compiled = kiln.compile(module, mode="fast")
+
+    def cancel(what, done, total):
+        if "Block#2" in what:
+            raise Cancelled("cancelled by the user")
+
+    compiled.progress = cancel
+    with torch.no_grad(), pytest.raises(Cancelled, match="cancelled by the user"):
+        compiled(x)
+    info = kiln.stats(compiled)
+    assert info.fallback is None and not info.region_fallbacks and [c.region for c in info.compiles] == ["Block#1"]
+    compiled.progress = None  # the next prompt
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-6
+    assert [c.region for c in info.compiles] == ["Block#1", "Block#2"] and not info.region_fallbacks
+
+
+def test_blocks_run_as_before_outside_kiln_s_call():
+    module, x = _net(), torch.randn(2, 7, 8)
+    compiled = kiln.compile(module, mode="fast")
+    with torch.no_grad():
+        compiled(x)
+        assert all(block._compiled_call_impl is None for block in (*module.blocks, *module.wide))
+        before = kiln.stats(compiled).compile_count
+        module(x)  # the original module, called directly: eager, nothing compiled
+    assert kiln.stats(compiled).compile_count == before
+
+
+def test_compile_unit_whole_compiles_one_graph():
+    module, x = _net(), torch.randn(2, 7, 8)
+    compiled = kiln.compile(module, options=CompileOptions(mode="fast", compile_unit="whole"))
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-6
+    info = kiln.stats(compiled)
+    assert info.regions == [] and info.compile_count == 1 and info.compiles[0].region == ""
+
+
+def test_compile_unit_option():
+    assert CompileOptions().compile_unit == "auto"
+    with pytest.raises(OptionsError, match="compile_unit='regions': use one of auto, blocks, whole"):
+        CompileOptions(compile_unit="regions")
+    with pytest.raises(OptionsError, match="compile_unit: blocks"):
+        CompileOptions(compile_unit="blocks", shapes={"pin": ["512x512"]})
+    options = CompileOptions(shapes={"pin": ["512x512"]})  # auto with pins: the whole model, said in the log
+    assert options.pins_shapes and options.compile_unit == "auto"
+
+
+def test_auto_with_pinned_shapes_compiles_whole(caplog):
+    caplog.set_level("INFO", logger="kiln")
+    compiled = kiln.compile(_net(), options=CompileOptions(mode="balanced", shapes={"specialize": "pinned", "pin": ["64x64"]}))
+    compiled._prepare()
+    assert kiln.stats(compiled).regions == [] and "compiles whole: its shape policy pins" in caplog.text
+
+
+def test_a_model_without_repeated_blocks_compiles_whole_under_auto_and_says_so_under_blocks(caplog):
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block(8), torch.nn.Linear(8, 8)])
+
+        def forward(self, x):
+            return self.blocks[1](self.blocks[0](x))
+
+    auto = kiln.compile(Two(), mode="fast")
+    auto._prepare()
+    assert kiln.stats(auto).regions == []
+    blocks = kiln.compile(Two(), options=CompileOptions(mode="fast", compile_unit="blocks"))
+    with torch.no_grad():
+        blocks(torch.randn(2, 8))
+    assert [r.name for r in kiln.stats(blocks).regions] == ["Block#1"]
+
+
+def test_the_cache_stores_one_entry_per_region_and_a_new_process_loads_them(tmp_path):
+    x = torch.randn(2, 7, 8)
+    first = kiln.compile(_net(), mode="balanced", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        first(x)
+    assert [e.outcome for e in kiln.stats(first).cache] == ["miss", "miss"]
+    module = _net()  # another model object with the same blocks: what a restarted server has
+    second = kiln.compile(module, mode="balanced", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        assert rel_err(second(x), module(x)) < 1e-5
+    info = kiln.stats(second)
+    assert [e.outcome for e in info.cache] == ["hit", "hit"] and [c.region for c in info.compiles] == ["Block#1", "Block#2"]
