@@ -1,12 +1,16 @@
-"""`kiln bench`: eager vs torch.compile vs each Kiln mode on one model, side by side in one run.
+"""`kiln bench`: eager vs torch.compile vs diffusers' regional compile vs Kiln, side by side in one run.
 
-Every variant is compiled first (its first call timed as compile time), then all are timed in
-interleaved rounds so that a drift of the machine affects them alike. Error is the max
-absolute difference to eager, relative to eager's max magnitude.
+Every variant is compiled first, its first call timed as compile time in an empty Inductor cache of
+its own (no variant reuses kernels another built), then all are timed in interleaved rounds so that
+a drift of the machine affects them alike. Error is the max absolute difference to eager, relative
+to eager's max magnitude. By default: eager, torch.compile (the whole model), diffusers'
+`compile_repeated_blocks` where the model declares its repeated blocks (what a diffusers user would
+pick), and Kiln balanced; `--modes` and `--units` add Kiln's other modes and compile units.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import statistics
@@ -17,6 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..compiler.blocks import COMPILE_UNITS
 from .models import MODELS, SIZES
 from .side_by_side import DTYPES, own_code, sync, time_interleaved
 
@@ -31,22 +36,35 @@ class Row:
     graphs: Optional[int] = None
     compile_cached: bool = False        # Inductor loaded the graph from its disk cache (a warm compile)
     passes: Optional[dict] = None
+    blocks: str = ""                    # Kiln compiled by blocks: how many blocks, regions and graphs
     error: Optional[str] = None
 
 
-def _variants(module, modes: list[str], dynamic) -> dict[str, Callable]:
+def _variants(module, modes: list[str], dynamic, units=("auto",)) -> dict[str, Callable]:
     from .. import compiler as kiln
 
     variants = {"eager": module, "torch.compile": torch.compile(own_code(module, "torch_compile"), dynamic=dynamic)}
+    if getattr(module, "_repeated_blocks", None):
+        regional = copy.deepcopy(module)  # compile_repeated_blocks compiles the blocks in place, for good
+        regional.compile_repeated_blocks(dynamic=dynamic)
+        variants["diffusers regional"] = regional
     for mode in modes:
-        variants[f"kiln {mode}"] = kiln.compile(own_code(module, f"kiln_{mode}"), mode=mode, dynamic=dynamic)
+        for unit in units:
+            options = kiln.CompileOptions(mode=mode, dynamic=dynamic, compile_unit=unit)
+            name = f"kiln {mode}" + ("" if unit == "auto" else f" {unit}")
+            variants[name] = kiln.compile(own_code(module, f"kiln_{mode}_{unit}"), options=options)
     return variants
 
 
+def _blocks_note(info) -> str:
+    return f", {info.units_line()}" if info.regions else ""
+
+
 def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype: str = "fp32", batch: int = 2,
-              modes=("fast", "balanced", "max"), rounds: int = 8, steps: int = 3, dynamic=None, log=print) -> dict:
+              modes=("balanced",), rounds: int = 8, steps: int = 3, dynamic=None, log=print,
+              units=("auto",)) -> dict:
     from .. import compiler as kiln
-    from ..compiler.compat import inductor_cache_hits
+    from ..compiler.compat import fresh_inductor_cache, inductor_cache_hits
 
     spec = MODELS[model]
     module = spec.build(size, dtype=DTYPES[dtype], device=device)
@@ -57,14 +75,15 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
     calls: dict[str, Callable] = {}
     with torch.inference_mode():
         reference = None
-        for name, fn in _variants(module, list(modes), dynamic).items():
+        for name, fn in _variants(module, list(modes), dynamic, tuple(units)).items():
             row = rows[name] = Row(name)
             try:
                 sync(device)
-                start, hits = time.perf_counter(), inductor_cache_hits()
-                out = fn(*args, **kwargs)[0]
-                sync(device)
-                row.compile_s = time.perf_counter() - start
+                with fresh_inductor_cache():
+                    start, hits = time.perf_counter(), inductor_cache_hits()
+                    out = fn(*args, **kwargs)[0]
+                    sync(device)
+                    row.compile_s = time.perf_counter() - start
                 row.compile_cached = inductor_cache_hits() > hits
                 if reference is None:
                     reference = out.float()
@@ -72,8 +91,10 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
                 if name.startswith("kiln"):
                     info = kiln.stats(fn)
                     row.graphs, row.passes = info.compile_count, {k: v for k, v in info.pass_counts.items() if v}
+                    row.blocks = info.units_line()
                 calls[name] = fn
-                log(f"  {name}: first call {row.compile_s:.1f}s{' (Inductor cache hit)' if row.compile_cached else ''}")
+                log(f"  {name}: first call {row.compile_s:.1f}s{' (Inductor cache hit)' if row.compile_cached else ''}"
+                    f"{_blocks_note(kiln.stats(fn)) if name.startswith('kiln') else ''}")
             except Exception as exc:  # noqa: BLE001  a failing variant is recorded, the rest still run
                 row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                 log(f"  {name}: FAILED {row.error}")
@@ -97,16 +118,17 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
 
 
 def format_table(result: dict) -> str:
-    head = f"{'variant':<16}{'ms/step':>10}{'vs eager':>10}{'max rel err':>13}{'compile s':>11}  passes"
+    head = f"{'variant':<22}{'ms/step':>10}{'vs eager':>10}{'max rel err':>13}{'compile s':>11}  passes"
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
         if r["error"]:
-            lines.append(f"{r['variant']:<16}  FAILED: {r['error']}")
+            lines.append(f"{r['variant']:<22}  FAILED: {r['error']}")
             continue
         passes = ", ".join(f"{k} x{v}" for k, v in (r["passes"] or {}).items())
         compile_s = f"{r['compile_s'] if r['variant'] != 'eager' else 0:.1f}" + ("*" if r.get("compile_cached") else "")
-        lines.append(f"{r['variant']:<16}{r['step_ms']:>10.2f}{r['speedup']:>9.2f}x{r['max_rel_err']:>13.2e}"
+        lines.append(f"{r['variant']:<22}{r['step_ms']:>10.2f}{r['speedup']:>9.2f}x{r['max_rel_err']:>13.2e}"
                      f"{compile_s:>11}  {passes}")
+    lines += [f"{r['variant']}: {r['blocks']}" for r in result["rows"] if r.get("blocks")]
     if any(r.get("compile_cached") for r in result["rows"]):
         lines.append("* Inductor loaded this graph from its disk cache (an identical graph was compiled before)")
     return "\n".join(lines)
@@ -118,8 +140,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: fp32 on cpu, fp16 on cuda (bf16 for flux)")
     parser.add_argument("--batch", type=int, default=2, help="batch the model sees (CFG doubles a batch of 1)")
-    parser.add_argument("--modes", default=None, help="comma-separated Kiln modes (default: fast,balanced,max; "
-                        "with --shapes: balanced; there, MODE+pin also pins the sequence's first shape)")
+    parser.add_argument("--modes", default=None, help="comma-separated Kiln modes (default: balanced; fast, max add "
+                        "rows; with --shapes: balanced; there, MODE+pin also pins the sequence's first shape)")
+    parser.add_argument("--units", default="auto", help="comma-separated compile units, a Kiln row per mode and unit "
+                        f"({', '.join(COMPILE_UNITS)}; default auto: blocks where the model repeats them)")
     parser.add_argument("--shapes", action="store_true", help="instead: the cost of a sequence of new batch sizes and "
                         "resolutions, against torch.compile dynamic=None and dynamic=True")
     parser.add_argument("--quant", action="store_true", help="instead: each quantization scheme's weight memory, time per "
@@ -150,8 +174,9 @@ def main(args: argparse.Namespace) -> int:
         return cache_bench.main(args)
     size = args.size or ("full" if args.device == "cuda" else "cpu")
     dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
-    result = run_bench(args.model, size, args.device, dtype, args.batch, [m for m in (args.modes or "fast,balanced,max").split(",") if m],
-                       args.rounds, args.steps, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    result = run_bench(args.model, size, args.device, dtype, args.batch, [m for m in (args.modes or "balanced").split(",") if m],
+                       args.rounds, args.steps, log=lambda msg: print(msg, file=sys.stderr, flush=True),
+                       units=[u for u in args.units.split(",") if u])
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:

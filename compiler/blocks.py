@@ -95,23 +95,26 @@ def find_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     found: list[tuple[str, torch.nn.Module]] = []
 
     def split(module: torch.nn.Module) -> bool:
-        return isinstance(module, _CONTAINERS) or any(
-            _is_block_list(child) and _repeats(child) for child in module.children())
+        return any(_is_block_list(child) and _repeats(child) for child in module.children())
+
+    def elements(block_list: torch.nn.Module, path: str) -> None:
+        for name, element in block_list.named_children():
+            element_path = f"{path}.{name}"
+            if not is_block(element):
+                continue
+            if isinstance(element, _CONTAINERS):  # ComfyUI's TimestepEmbedSequential: a list inside the list
+                elements(element, element_path)
+            elif split(element):
+                walk(element, element_path + ".")
+            else:
+                found.append((element_path, element))
 
     def walk(module: torch.nn.Module, prefix: str) -> None:
         for name, child in module.named_children():
-            path = f"{prefix}{name}"
             if _is_block_list(child):
-                for element_name, element in child.named_children():
-                    element_path = f"{path}.{element_name}"
-                    if not is_block(element):
-                        continue
-                    if split(element):
-                        walk(element, element_path + ".")
-                    else:
-                        found.append((element_path, element))
+                elements(child, f"{prefix}{name}")
             else:
-                walk(child, path + ".")
+                walk(child, f"{prefix}{name}.")
 
     walk(model, "")
     return found

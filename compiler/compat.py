@@ -235,10 +235,17 @@ def inductor_cache_counts() -> dict[str, int]:
 
 def call_module_body(module: torch.nn.Module, *args, **kwargs):
     """Call `module` with its hooks but past any compiled call installed on it (`Module._call_impl`,
-    what `module(...)` runs when no `_compiled_call_impl` is set; checked: torch 2.5 - 2.14). A
-    region's entry function calls its block through this, so routing the block's calls to that entry
-    never loops back into it."""
+    what `module(...)` runs when no `_compiled_call_impl` is set; checked: torch 2.5 - 2.14), so
+    routing the module's calls elsewhere (`calls_routed`) never loops back."""
     return module._call_impl(*args, **kwargs)
+
+
+def module_body_entry(name: str):
+    """A copy of `call_module_body` with a code object of its own, named `name`: what a block region
+    compiles. Its own code matters beyond the recompile budget: where a graph breaks inside it,
+    TorchDynamo resumes in this code, not in a helper every region would share."""
+    code = call_module_body.__code__.replace(co_name=name)
+    return type(call_module_body)(code, call_module_body.__globals__, name)
 
 
 @contextlib.contextmanager
@@ -262,3 +269,12 @@ def is_view(tensor: torch.Tensor) -> bool:
     """`tensor` is a view of another tensor (autograd's view tracking: `Tensor._is_view`; checked:
     torch 2.5 - 2.14). Inference-mode tensors are never views."""
     return tensor._is_view()
+
+
+def fresh_inductor_cache():
+    """A context in which Inductor compiles into an empty cache (a temporary directory, its in-memory
+    caches cleared), as on a machine that never compiled: for timing a cold compile next to
+    others in one process (`torch._inductor.utils.fresh_inductor_cache`; checked: torch 2.5 - 2.14)."""
+    from torch._inductor.utils import fresh_inductor_cache as fresh
+
+    return fresh()

@@ -16,7 +16,6 @@ untouched and keeps nothing of the half-done compile.
 from __future__ import annotations
 
 import logging
-import types
 from typing import Optional
 
 import torch
@@ -28,21 +27,10 @@ from .cache import GraphCache
 from .cuda_graph_budget import CudaGraphBudget
 from .options import CompileOptions
 from .passes import Progress
-from .shapes import contiguous_inputs
+from .shapes import contiguous_inputs, mark_block_inputs_dynamic, text_lengths
 from .stats import KilnStats
 
 log = logging.getLogger("kiln")
-
-
-def _block_entry(block, *args, **kwargs):
-    return compat.call_module_body(block, *args, **kwargs)
-
-
-def block_entry_function(name: str) -> types.FunctionType:
-    """A copy of `_block_entry` with a code object of its own, named `name` (see compiler/model.py's
-    `_entry_function` for why)."""
-    code = _block_entry.__code__.replace(co_name=name)
-    return types.FunctionType(code, _block_entry.__globals__, name)
 
 
 class CompiledRegion:
@@ -54,21 +42,24 @@ class CompiledRegion:
         self.stats = stats
         self.label = label
         self.fallback: Optional[str] = None
-        entry = block_entry_function(f"kiln_{label}_{region.name}".replace(".", "_").replace("#", "_"))
+        # a code object of its own per region (see compiler/model.py's `_entry_function` for why)
+        entry = compat.module_body_entry(f"kiln_{label}_{region.name}".replace(".", "_").replace("#", "_"))
         self.code = entry.__code__
         self.backend = KilnBackend(options, stats, code=self.code, cache=cache, label=f"{label} {region.name}",
                                    region=region.name, cuda_graph_budget=budget)
         self.backend.progress = progress.for_region(region)
-        # auto: every size dynamic from the first compile (batch, resolution, tokens, text length): a
-        # block's inputs have no "latent" to single out, and a block graph is small, so being dynamic
-        # costs its compile little (measured: docs/compile-units.md) and no size change ever recompiles
-        dynamic = True if options.dynamic is None else options.dynamic
-        self.compiled = torch.compile(entry, backend=self.backend, dynamic=dynamic, fullgraph=options.fullgraph)
+        # auto: the model call's batch and resolution are marked dynamic on the block's inputs
+        # (RegionalCompile.routed), as the whole model's graph has them
+        self.marks = options.dynamic is None
+        self.compiled = torch.compile(entry, backend=self.backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
+        self.call_shape: tuple[int, frozenset] = (0, frozenset())  # the model call's batch and text lengths
 
     def __call__(self, block: torch.nn.Module, *args, **kwargs):
         if self.fallback is not None:
             return compat.call_module_body(block, *args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
+        if self.marks:
+            mark_block_inputs_dynamic(args, kwargs, *self.call_shape)
         backend = self.backend
         backend.before_call()
         try:
@@ -129,10 +120,18 @@ class RegionalCompile:
                 self._routes[block] = _route(compiled, block)
         stats.regions = [region for region, _ in regions]
 
-    def routed(self, progress: Optional[Progress]):
-        """A context for one call of the model: its blocks run through their regions."""
+    def routed(self, progress: Optional[Progress], args, kwargs):
+        """A context for one call of the model with `args`, `kwargs`: its blocks run through their regions."""
         self.progress.callback = progress
+        shape = (_batch(args, kwargs), text_lengths(args, kwargs))
+        for region in self.regions:
+            region.call_shape = shape
         return compat.calls_routed(self._routes)
+
+
+def _batch(args, kwargs) -> int:
+    first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+    return int(first.shape[0]) if first is not None else 0
 
 
 def _route(compiled: CompiledRegion, block: torch.nn.Module):

@@ -18,4 +18,4 @@ def test_kiln_bench_prints_the_table_and_writes_json(tmp_path, capsys):
 
 def test_table_shows_failures():
     result = {"rows": [{"variant": "kiln max", "error": "BackendCompilerFailed: boom"}]}
-    assert "kiln max          FAILED: BackendCompilerFailed: boom" in bench.format_table(result)
+    assert "kiln max                FAILED: BackendCompilerFailed: boom" in bench.format_table(result)

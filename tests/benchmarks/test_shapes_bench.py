@@ -7,7 +7,7 @@ def test_shape_sequence_reports_compiles_per_step_and_the_targets():
     assert run["variant"] == "kiln fast" and run["error"] is None
     steps = run["steps"]
     assert [s["batch"] for s in steps] == [2, 4, 8, 4, 4, 2]
-    assert steps[0]["new_graphs"] == 1 and all(s["max_rel_err"] < 1e-4 for s in steps)
+    assert steps[0]["new_graphs"] >= 1 and all(s["max_rel_err"] < 1e-4 for s in steps)  # one per block region
     assert [s["new_graphs"] for s in steps[1:]] == [0, 0, 0, 0, 0]  # new batches and resolutions: no compile
     verdict = result["targets"]["kiln fast"]
     assert verdict["new_batch_compiles_nothing"] and verdict["new_resolution_under_a_tenth"]
@@ -31,7 +31,8 @@ def test_isolated_variant_runs_in_its_own_process_with_a_cold_cache():
     result = shapes_bench.run_shapes_bench("sd15", "tiny", modes=["fast"], repeats=1, baselines=False, isolate=True,
                                            log=lines.append)
     (run,) = result["runs"]
-    assert run["error"] is None and [s["new_graphs"] for s in run["steps"]] == [1, 0, 0, 0, 0, 0]
+    assert run["error"] is None and run["steps"][0]["new_graphs"] >= 1
+    assert [s["new_graphs"] for s in run["steps"][1:]] == [0, 0, 0, 0, 0]
     assert all(s["max_rel_err"] < 1e-4 for s in run["steps"])
     assert "own process with an empty Inductor cache" in result["method"]
     assert any("in a new process" in line for line in lines)

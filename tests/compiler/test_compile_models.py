@@ -79,7 +79,7 @@ def test_sdxl_fast_mode_all_passes():
     spec = MODELS["sdxl"]
     unet = spec.build("tiny")
     args, kwargs = spec.inputs(unet, batch=2)
-    compiled = kiln.compile(unet, options=kiln.CompileOptions(mode="fast", passes=ALL_ON))
+    compiled = kiln.compile(unet, options=kiln.CompileOptions(mode="fast", passes=ALL_ON, compile_unit="whole"))
     assert rel_err(compiled(*args, **kwargs)[0], unet(*args, **kwargs)[0]) < 1e-4
     counts = kiln.stats(compiled).pass_counts
     assert counts["fuse_geglu"] == _count(unet, "GEGLU") > 0

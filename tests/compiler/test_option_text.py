@@ -130,13 +130,13 @@ def test_every_field_takes_any_value_without_a_python_error(value):
 
 # ---- fuzz: whatever a workflow holds, only the project's errors come out ----------------------------------------
 
-_TOP_KEYS = ["mode", "dynamic", "cuda_graphs", "passes", "fullgraph", "inductor", "shapes", "cache",  # advanced
+_TOP_KEYS = ["mode", "dynamic", "cuda_graphs", "passes", "fullgraph", "inductor", "shapes", "compile_unit", "cache",  # advanced
              "keep", "quantize", "min_params", "convs", "family"]                                      # policy
 _CHILD_KEYS = {"shapes": ["specialize", "buckets", "pin", "max_variants", "max_cuda_graphs"], "passes": list(PASS_NAMES),
                "inductor": [*TUNING, *KILN_OWNED, "cpp.cxx", "trace.debug_dir", "fx_graph_remote_cache", "max_autotun"],
                "cache": ["dir", "mode", "max_gb"]}
 _SCALARS = [None, True, False, 0, 1, -1, 8, 64, 2 ** 70, 1.5, -0.0, float("inf"), float("nan"), 1e308, "", "on", "off",
-            "auto", "fast", "balanced", "max", "none", "pinned", "buckets", "sdxl", "sd15", "1024x1024",
+            "auto", "fast", "balanced", "max", "none", "pinned", "buckets", "blocks", "whole", "sdxl", "sd15", "1024x1024",
             "832x1216:2", "1000x1001", "ATEN,TRITON", "DEFAULT", "use", "refresh", "kiln-cache", "*.attn2.*", "sd_unet",
             "a\x00b", "\ud800"]
 

@@ -25,14 +25,14 @@ class Net(torch.nn.Module):
         self.blocks = torch.nn.ModuleList(Block(16) for _ in range(6))
         self.wide = torch.nn.ModuleList(Block(32) for _ in range(2))
 
-    def forward(self, x):
-        x = self.embed(x)
+    def forward(self, image):
+        x = self.embed(image.flatten(2).transpose(1, 2))  # (batch, height x width, 8): tokens follow the resolution
         for block in self.blocks:
             x = block(x)
         x = self.up(x)
         for block in self.wide:
             x = block(x)
-        return self.out(x)
+        return self.out(x).transpose(1, 2).reshape(image.shape)
 
 
 class Cancelled(Exception):
@@ -45,7 +45,7 @@ def _net():
 
 
 def test_identical_blocks_share_one_graph_and_each_distinct_block_gets_its_own():
-    module, x = _net(), torch.randn(2, 7, 8)
+    module, x = _net(), torch.randn(2, 8, 3, 5)
     compiled = kiln.compile(module, mode="fast")
     with torch.no_grad():
         assert rel_err(compiled(x), module(x)) < 1e-6
@@ -57,7 +57,7 @@ def test_identical_blocks_share_one_graph_and_each_distinct_block_gets_its_own()
 
 
 def test_weights_changed_in_place_after_compiling_show_up_in_every_block():
-    module, x = _net(), torch.randn(2, 7, 8)
+    module, x = _net(), torch.randn(2, 8, 3, 5)
     compiled = kiln.compile(module, mode="fast")
     with torch.no_grad():
         compiled(x)
@@ -67,12 +67,12 @@ def test_weights_changed_in_place_after_compiling_show_up_in_every_block():
     assert kiln.stats(compiled).compile_count == 2
 
 
-def test_a_new_batch_or_length_compiles_nothing():
+def test_a_new_batch_or_resolution_compiles_nothing():
     module = _net()
     compiled = kiln.compile(module, mode="fast")
     with torch.no_grad():
-        compiled(torch.randn(2, 7, 8))
-        for shape in ((3, 11, 8), (4, 5, 8), (2, 64, 8)):
+        compiled(torch.randn(2, 8, 3, 5))
+        for shape in ((3, 8, 3, 5), (4, 8, 6, 4), (2, 8, 8, 8)):
             x = torch.randn(*shape)
             assert rel_err(compiled(x), module(x)) < 1e-6
     info = kiln.stats(compiled)
@@ -83,7 +83,7 @@ def test_progress_counts_regions_done():
     seen = []
     compiled = kiln.compile(_net(), mode="fast", progress=lambda what, done, total: seen.append((what, done, total)))
     with torch.no_grad():
-        compiled(torch.randn(2, 7, 8))
+        compiled(torch.randn(2, 8, 3, 5))
     assert seen[0][0].startswith("region 1/2 Block#1: ") and seen[0][1:] == (0, 2)
     assert seen[-1][0].startswith("region 2/2 Block#2: lowered by fx") and seen[-1][1:] == (2, 2)
     assert [done for _, done, _ in seen] == sorted(done for _, done, _ in seen)
@@ -98,7 +98,7 @@ def test_a_failed_region_runs_its_blocks_eagerly_and_the_others_stay_compiled(mo
         return real(self, gm, example_inputs, *args, **kwargs)
 
     monkeypatch.setattr(Lowering, "lower", lower)
-    module, x = _net(), torch.randn(2, 7, 8)
+    module, x = _net(), torch.randn(2, 8, 3, 5)
     compiled = kiln.compile(module, mode="fast")
     with torch.no_grad():
         assert rel_err(compiled(x), module(x)) < 1e-6
@@ -111,7 +111,7 @@ def test_a_failed_region_runs_its_blocks_eagerly_and_the_others_stay_compiled(mo
 
 
 def test_a_cancel_in_one_region_is_re_raised_and_the_next_call_compiles_only_what_is_missing():
-    module, x = _net(), torch.randn(2, 7, 8)
+    module, x = _net(), torch.randn(2, 8, 3, 5)
     compiled = kiln.compile(module, mode="fast")
 
     def cancel(what, done, total):
@@ -130,7 +130,7 @@ def test_a_cancel_in_one_region_is_re_raised_and_the_next_call_compiles_only_wha
 
 
 def test_blocks_run_as_before_outside_kiln_s_call():
-    module, x = _net(), torch.randn(2, 7, 8)
+    module, x = _net(), torch.randn(2, 8, 3, 5)
     compiled = kiln.compile(module, mode="fast")
     with torch.no_grad():
         compiled(x)
@@ -141,7 +141,7 @@ def test_blocks_run_as_before_outside_kiln_s_call():
 
 
 def test_compile_unit_whole_compiles_one_graph():
-    module, x = _net(), torch.randn(2, 7, 8)
+    module, x = _net(), torch.randn(2, 8, 3, 5)
     compiled = kiln.compile(module, options=CompileOptions(mode="fast", compile_unit="whole"))
     with torch.no_grad():
         assert rel_err(compiled(x), module(x)) < 1e-6
@@ -185,7 +185,7 @@ def test_a_model_without_repeated_blocks_compiles_whole_under_auto_and_says_so_u
 
 
 def test_the_cache_stores_one_entry_per_region_and_a_new_process_loads_them(tmp_path):
-    x = torch.randn(2, 7, 8)
+    x = torch.randn(2, 8, 3, 5)
     first = kiln.compile(_net(), mode="balanced", cache_dir=str(tmp_path))
     with torch.no_grad():
         first(x)
@@ -196,3 +196,20 @@ def test_the_cache_stores_one_entry_per_region_and_a_new_process_loads_them(tmp_
         assert rel_err(second(x), module(x)) < 1e-5
     info = kiln.stats(second)
     assert [e.outcome for e in info.cache] == ["hit", "hit"] and [c.region for c in info.compiles] == ["Block#1", "Block#2"]
+
+
+def test_kiln_s_passes_run_on_each_region_s_graph():
+    """SDXL's layout (its transformer blocks split into identical BasicTransformerBlocks): every GEGLU
+    of one block of each region is rewritten; the other blocks of a region run that same graph."""
+    from kiln.benchmarks.models import MODELS
+
+    spec = MODELS["sdxl"]
+    unet = spec.build("tiny")
+    args, kwargs = spec.inputs(unet, batch=2)
+    compiled = kiln.compile(unet, options=CompileOptions(mode="fast", passes={"fuse_geglu": "on"}))
+    with torch.no_grad():
+        assert rel_err(compiled(*args, **kwargs)[0], unet(*args, **kwargs)[0]) < 1e-5
+    info = kiln.stats(compiled)
+    per_region = [sum(type(m).__name__ == "GEGLU" for m in unet.get_submodule(r.members[0]).modules()) for r in info.regions]
+    assert sum(per_region) > 0 and info.pass_counts["fuse_geglu"] == sum(per_region)
+    assert any(len(r.members) > 1 for r in info.regions if r.name.startswith("BasicTransformerBlock"))

@@ -59,7 +59,7 @@ def test_diffusers_attn_processor_unet_is_canonicalized():
     unet = spec.build("tiny")
     unet.set_attn_processor(AttnProcessor())  # the classic baddbmm/softmax/bmm processor
     args, kwargs = spec.inputs(unet, batch=2)
-    compiled = kiln.compile(unet, mode="fast")
+    compiled = kiln.compile(unet, options=kiln.CompileOptions(mode="fast", compile_unit="whole"))
     out = compiled(*args, **kwargs)[0]
     assert rel_err(out, unet(*args, **kwargs)[0]) < 1e-5
     # tiny SD1.5: 4 transformer blocks (down 1, mid 1, up 2) x (self + cross attention)

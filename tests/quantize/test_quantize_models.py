@@ -119,7 +119,7 @@ def test_quantize_then_compile_matches_quantize_eager():
         args, kwargs = spec.inputs(module, batch=batch)
         torch.testing.assert_close(compiled(*args, **kwargs)[0], quantized(*args, **kwargs)[0], atol=1e-4, rtol=1e-4)
     stats = kiln.stats(compiled)
-    assert stats.fallback is None and stats.compile_count == 1
+    assert stats.fallback is None and not stats.recompiles and stats.eager_calls == 0 and not stats.region_fallbacks
 
 
 @pytest.mark.slow
