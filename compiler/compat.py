@@ -186,6 +186,17 @@ def recompile_limit() -> int:
     return int(getattr(dynamo_config, "recompile_limit", getattr(dynamo_config, "cache_size_limit", 8)))
 
 
+def recompile_limit_at_least(limit: int):
+    """A context in which TorchDynamo's per-code recompile limit is at least `limit` (scoped
+    `config.patch`, read when a frame compiles; checked: torch 2.5 - 2.14)."""
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    if recompile_limit() >= limit:
+        return contextlib.nullcontext()
+    return dynamo_config.patch({name: limit})
+
+
 def size_expr(size):
     """A size from a fake tensor's shape: an int, or the sympy expression of a symbolic size (`s0`, `2*s1`)."""
     if isinstance(size, int):
@@ -278,3 +289,12 @@ def fresh_inductor_cache():
     from torch._inductor.utils import fresh_inductor_cache as fresh
 
     return fresh()
+
+
+def no_duck_sizing():
+    """A context in which TorchDynamo gives two equal sizes two symbols rather than one (duck sizing
+    off: `torch.fx.experimental._config.use_duck_shape`; checked: torch 2.5 - 2.14). A block first
+    called with a square latent must not assume height == width."""
+    import torch.fx.experimental._config as fx_config
+
+    return fx_config.patch(use_duck_shape=False)

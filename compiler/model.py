@@ -129,7 +129,7 @@ class KilnModel(torch.nn.Module):
         if compiled is None:
             return module(*args, **kwargs)
         if compiled is self._regions:
-            with self._regions.routed(self.progress, args, kwargs):
+            with self._regions.routed(self.progress):
                 return module(*args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
         mark_schedule_dynamic(args, kwargs)

@@ -8,6 +8,14 @@ KilnBackend of its own, sharing the model's stats, cache and CUDA graph budget. 
 argument: its parameters are graph inputs, so the blocks of one region share the graphs and each
 reads its own live weights (LoRA and in-place patches show up without a recompile).
 
+What tells identical blocks apart is left out of their graph where nothing reads it: ComfyUI passes
+each block its position (`transformer_options["block"] = ("input", 4)`, `block_index`), which its
+attention code looks up in the (empty) dict of attention patches, so TorchDynamo would guard on it
+and compile the region again for every position. When no patch is installed (`patches`,
+`patches_replace` empty or absent) the block sees a neutral position instead, and what it writes
+into the dict is copied back; with patches, the real position goes in (a patch may depend on it),
+each position compiles once, and the region's recompile budget is sized for its blocks.
+
 Per region, as the whole model has it: the first call compiles (with the region named in the
 progress, the log and the stats); a failed compile sends that region, and only it, to eager with the
 reason logged and kept (`stats.region_fallbacks`); a cancel from the progress callback propagates
@@ -15,6 +23,7 @@ untouched and keeps nothing of the half-done compile.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Optional
 
@@ -27,7 +36,7 @@ from .cache import GraphCache
 from .cuda_graph_budget import CudaGraphBudget
 from .options import CompileOptions
 from .passes import Progress
-from .shapes import contiguous_inputs, mark_block_inputs_dynamic, text_lengths
+from .shapes import contiguous_inputs
 from .stats import KilnStats
 
 log = logging.getLogger("kiln")
@@ -48,22 +57,22 @@ class CompiledRegion:
         self.backend = KilnBackend(options, stats, code=self.code, cache=cache, label=f"{label} {region.name}",
                                    region=region.name, cuda_graph_budget=budget)
         self.backend.progress = progress.for_region(region)
-        # auto: the model call's batch and resolution are marked dynamic on the block's inputs
-        # (RegionalCompile.routed), as the whole model's graph has them
-        self.marks = options.dynamic is None
-        self.compiled = torch.compile(entry, backend=self.backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
-        self.call_shape: tuple[int, frozenset] = (0, frozenset())  # the model call's batch and text lengths
+        # auto: every size dynamic from the first compile. A block's inputs are sized by the batch and
+        # the resolution in ways the block cannot tell apart from its channels (tokens, a Python list
+        # such as the output size ComfyUI passes an Upsample), and TorchDynamo keeps the sizes that the
+        # weights fix static anyway; measured per step as fast as marking batch and resolution alone
+        dynamic = True if options.dynamic is None else options.dynamic
+        self.compiled = torch.compile(entry, backend=self.backend, dynamic=dynamic, fullgraph=options.fullgraph)
 
     def __call__(self, block: torch.nn.Module, *args, **kwargs):
         if self.fallback is not None:
             return compat.call_module_body(block, *args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
-        if self.marks:
-            mark_block_inputs_dynamic(args, kwargs, *self.call_shape)
         backend = self.backend
         backend.before_call()
         try:
-            out = self.compiled(block, *args, **kwargs)
+            with positions_hidden(args, kwargs) as (args, kwargs):
+                out = self.compiled(block, *args, **kwargs)
         except compat.compile_failure_types() as exc:
             if backend.interrupt is not None:  # cancelled, not failed: nothing was installed
                 raise backend.interrupt from None
@@ -79,10 +88,45 @@ class CompiledRegion:
     def _fall_back(self, reason: str, exc: BaseException) -> None:
         self.fallback = reason
         self.stats.region_fallbacks[self.region.name] = reason
+        if len(self.stats.region_fallbacks) == len(self.stats.regions):  # nothing left compiled: the model is eager
+            self.stats.fallback = f"every block region failed to compile (the last, {self.region.name}: {reason})"
+            log.error("Kiln: %s -- %s runs eagerly from now on", self.stats.fallback, self.label)
         message = (f"region {self.region.name} ({len(self.region.members)} block(s): {self.region.members[0]}...) "
                    f"{reason}; those blocks run eagerly from now on, the other regions stay compiled")
         self.stats.warnings.append(message)
         log.error("Kiln: %s: %s", self.label, message, exc_info=exc)
+
+
+# ComfyUI's transformer_options: the keys that say where a block sits, each with the neutral value a
+# block sees when no patch is installed; the keys a block writes for patches to read (its input's
+# shape); the keys that hold patches. Without a patch nothing reads the first two kinds.
+POSITION_KEYS = {"block": ("", 0), "block_index": 0, "transformer_index": 0}
+SCRATCH_KEYS = ("activations_shape",)
+PATCH_KEYS = ("patches", "patches_replace")
+
+
+@contextlib.contextmanager
+def positions_hidden(args, kwargs):
+    """(args, kwargs) with each transformer_options dict (one with a "block" key) replaced by a copy,
+    when it holds no patch: every POSITION_KEYS key set to its neutral value and no SCRATCH_KEYS, so
+    every block of a region passes the same keys and values; after the call, the other keys the
+    block wrote into the copy are written into the original."""
+    swapped = []
+
+    def hide(value):
+        if not (isinstance(value, dict) and "block" in value) or any(value.get(key) for key in PATCH_KEYS):
+            return value
+        copy = {key: item for key, item in value.items() if key not in SCRATCH_KEYS}
+        copy.update(POSITION_KEYS)
+        swapped.append((value, copy, dict(copy)))
+        return copy
+
+    new_args, new_kwargs = tuple(hide(a) for a in args), {k: hide(v) for k, v in kwargs.items()}
+    yield new_args, new_kwargs
+    for original, copy, given in swapped:
+        for key, item in copy.items():
+            if key not in POSITION_KEYS and key not in SCRATCH_KEYS and (key not in given or given[key] is not item):
+                original[key] = item
 
 
 class RegionProgress:
@@ -119,19 +163,16 @@ class RegionalCompile:
             for block in blocks:
                 self._routes[block] = _route(compiled, block)
         stats.regions = [region for region, _ in regions]
+        # graphs per region: every position of its blocks (with patches installed), batch 1, a branch or two
+        self.budget = 2 * max(len(region.members) for region, _ in regions) + 4
 
-    def routed(self, progress: Optional[Progress], args, kwargs):
-        """A context for one call of the model with `args`, `kwargs`: its blocks run through their regions."""
+    @contextlib.contextmanager
+    def routed(self, progress: Optional[Progress]):
+        """A context for one call of the model: its blocks run through their regions, compiled with
+        duck sizing off and a recompile budget sized for the largest region."""
         self.progress.callback = progress
-        shape = (_batch(args, kwargs), text_lengths(args, kwargs))
-        for region in self.regions:
-            region.call_shape = shape
-        return compat.calls_routed(self._routes)
-
-
-def _batch(args, kwargs) -> int:
-    first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() > 0), None)
-    return int(first.shape[0]) if first is not None else 0
+        with compat.calls_routed(self._routes), compat.no_duck_sizing(), compat.recompile_limit_at_least(self.budget):
+            yield
 
 
 def _route(compiled: CompiledRegion, block: torch.nn.Module):

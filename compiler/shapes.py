@@ -114,26 +114,3 @@ def mark_schedule_dynamic(args, kwargs) -> None:
             if isinstance(sigmas, torch.Tensor) and sigmas.dim() == 1:
                 compat.allow_any_size(sigmas)
 
-
-def text_lengths(args, kwargs) -> frozenset[int]:
-    """The sequence lengths of a model call's 3-D inputs (the text context, (batch, tokens, dim)):
-    inside the model those stay what they are when the resolution changes."""
-    return frozenset(t.shape[1] for v in (*args, *kwargs.values()) for t in _tensors(v) if t.dim() == 3)
-
-
-def mark_block_inputs_dynamic(args, kwargs, batch: int, texts: frozenset[int]) -> None:
-    """Before a call of a compiled block (compiler/regional.py), what the model's call makes dynamic,
-    as the block sees it: the batch dimension of every input of the model's batch (2 or more), the
-    height and width of every 4-D or 5-D input, and the token dimension of every 3-D input whose
-    length is not one of the model's text lengths (a transformer block's image tokens, which follow
-    the resolution). The text length and the channels stay static, as in the whole model's graph."""
-    for value in (*args, *kwargs.values()):
-        for tensor in _tensors(value, depth=1):
-            if tensor.dim() == 0:
-                continue
-            if batch >= 2 and tensor.shape[0] == batch:
-                compat.allow_any_size(tensor, 0)
-            if tensor.dim() in (4, 5):
-                _allow_any_resolution(tensor)
-            elif tensor.dim() == 3 and tensor.shape[1] > 1 and tensor.shape[1] not in texts:
-                compat.allow_any_size(tensor, 1)

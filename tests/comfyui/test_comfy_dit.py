@@ -40,7 +40,8 @@ def flux_inputs(batch, side=8):
 
 def test_comfy_flux_adaln_is_fused_and_matches_eager():
     model = tiny_flux()
-    compiled = kiln.compile(model, options=kiln.CompileOptions(mode="fast", passes={"fuse_adaln_modulation": "on"}))
+    compiled = kiln.compile(model, options=kiln.CompileOptions(mode="fast", passes={"fuse_adaln_modulation": "on"},
+                                                               compile_unit="whole"))  # every norm in one graph
     for batch in (2, 3):
         x, t, context, y = flux_inputs(batch)
         # a fresh transformer_options per call, as ComfyUI's sampler passes (Flux writes into it;
@@ -53,3 +54,17 @@ def test_comfy_flux_adaln_is_fused_and_matches_eager():
     # once; the last layer once
     assert info.pass_counts["fuse_adaln_modulation"] == 4 * double + single + 1
     assert info.compile_count == 1
+
+
+def test_comfy_flux_compiles_by_blocks_and_matches_eager():
+    """ComfyUI's Flux by blocks: its identical single blocks share one graph; new batches and sizes
+    compile nothing."""
+    model = tiny_flux()
+    compiled = kiln.compile(model, mode="fast")
+    for batch, side in ((2, 8), (3, 8), (2, 12)):
+        x, t, context, y = flux_inputs(batch, side)
+        out = compiled(x, t, context, y=y, transformer_options={})
+        assert rel_err(out, model(x, t, context, y=y, transformer_options={})) < 1e-4
+    info = kiln.stats(compiled)
+    assert [(r.name, len(r.members)) for r in info.regions] == [("DoubleStreamBlock#1", 1), ("SingleStreamBlock#1", 2)]
+    assert info.compile_count == 2 and not info.recompiles and info.eager_calls == 0, info.summary()
