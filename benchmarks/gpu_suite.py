@@ -65,6 +65,9 @@ VARIANTS: dict[str, Callable] = {
     "kiln balanced": lambda m: _kiln(m, "balanced"),
     "kiln max": lambda m: _kiln(m, "max"),
     "kiln balanced + cudagraphs": lambda m: _kiln(m, "balanced", cuda_graphs=True),
+    # by blocks (the default) vs the whole model as one graph: first compile and speed, with and without CUDA graphs
+    "kiln balanced whole": lambda m: _kiln(m, "balanced", unit="whole"),
+    "kiln balanced whole + cudagraphs": lambda m: _kiln(m, "balanced", cuda_graphs=True, unit="whole"),
     # the same without Kiln's Triton kernels: what they add over Inductor's own fusion, in one run
     "kiln balanced, no kiln kernels": lambda m: _kiln(m, "balanced", kernels=False),
     "kiln fast, no kiln kernels": lambda m: _kiln(m, "fast", kernels=False),
@@ -82,11 +85,12 @@ QUANT_SPEEDUP, QUANT_WEIGHT_FRACTION = 1.3, 0.55
 KERNEL_PASSES = tuple(p.name for p in PASSES if p.kernel_op)
 
 
-def _kiln(module, mode, cuda_graphs: bool = False, kernels: bool = True):
+def _kiln(module, mode, cuda_graphs: bool = False, kernels: bool = True, unit: str = "auto"):
     from .. import compiler
 
     passes = {} if kernels else {name: "off" for name in KERNEL_PASSES}
-    return compiler.compile(module, options=compiler.CompileOptions(mode=mode, cuda_graphs=cuda_graphs, passes=passes))
+    return compiler.compile(module, options=compiler.CompileOptions(mode=mode, cuda_graphs=cuda_graphs, passes=passes,
+                                                                    compile_unit=unit))
 
 
 def _quantized(module, scheme):

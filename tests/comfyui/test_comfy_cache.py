@@ -82,16 +82,17 @@ def test_another_model_of_the_architecture_loads_it_and_samples_like_eager(cold,
     model, _ = kiln_nodes(other, cache_dir)
     out = sample(model)
     events = stats(model).cache
-    assert [e.outcome for e in events] == ["hit"], stats(model).summary()
-    # the Cache Graph node (id 13) shows it in ComfyUI's UI, once, though Compile UNet was declared after it
-    assert len(shown) == 1 and shown[0][0] == "13" and "cache hit for UNetModel graph 0" in shown[0][1]
+    regions = stats(model).regions  # compiled by blocks: one entry per region
+    assert regions and [e.outcome for e in events] == ["hit"] * len(regions), stats(model).summary()
+    # the Cache Graph node (id 13) shows them in ComfyUI's UI, in one message, though Compile UNet was declared after it
+    assert len(shown) == 1 and shown[0][0] == "13" and shown[0][1].count("cache hit for UNetModel") == len(regions)
     assert rel_err(out, sample(other)) < 1e-4
     lora_model, lora_eager = model.clone(), other.clone()  # a LoRA after the Kiln nodes: same graph, live weights
     patches = lora_like_patches(other)
     lora_model.add_patches(patches, 0.8)
     lora_eager.add_patches(patches, 0.8)
     assert rel_err(sample(lora_model), sample(lora_eager)) < 1e-4
-    assert [e.outcome for e in stats(model).cache] == ["hit"]  # no new graph for the LoRA
+    assert [e.outcome for e in stats(model).cache] == ["hit"] * len(regions)  # no new graph for the LoRA
 
 
 def test_a_workflow_naming_a_directory_outside_comfyuis_user_directory_compiles_without_the_cache(
@@ -113,7 +114,7 @@ def test_a_workflow_naming_a_directory_outside_comfyuis_user_directory_compiles_
     assert "KILN_CACHE_DIR" in report and shown[0] == ("13", report)
     events = stats(model).cache
     assert stats(model).compile_count >= 1 and not stats(model).fallback
-    assert [e.outcome for e in events] == ["unavailable"] and "outside the directories" in events[0].reason
+    assert {e.outcome for e in events} == {"unavailable"} and "outside the directories" in events[0].reason
     assert "outside the directories a workflow may use" in caplog.text
     assert sorted(os.listdir(outside)) == ["work"] and os.listdir(outside / "work") == ["2024-taxes"]
     assert rel_err(out, sample(base)) < 1e-4

@@ -116,3 +116,9 @@ def test_a_compile_shows_as_one_line_the_guard_with_its_source_line():
     first = GraphCompile(**{**graph.__dict__, "index": 0, "reason": "first compile", "dynamic": False})
     assert compile_line(first) == "Kiln compiled graph 0 in 3.3s (fx, static shapes): first compile"
     assert "User stack trace" in graph.line()  # what the log says
+    region = GraphCompile(**{**first.__dict__, "region": "ResBlock#2"})
+    line = compile_line(region)
+    assert line == "Kiln compiled graph 0 in 3.3s (fx, static shapes) for region ResBlock#2: first compile"
+    from kiln.client.follow import COMPILE_LINE  # what `kiln queue` reads back: the time and the variant
+
+    assert COMPILE_LINE.search(line).groups() == ("3.3", "fx, static shapes")
