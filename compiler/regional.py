@@ -11,10 +11,11 @@ reads its own live weights (LoRA and in-place patches show up without a recompil
 What tells identical blocks apart is left out of their graph where nothing reads it: ComfyUI passes
 each block its position (`transformer_options["block"] = ("input", 4)`, `block_index`), which its
 attention code looks up in the (empty) dict of attention patches, so TorchDynamo would guard on it
-and compile the region again for every position. When no patch is installed (`patches`,
-`patches_replace` empty or absent) the block sees a neutral position instead, and what it writes
-into the dict is copied back; with patches, the real position goes in (a patch may depend on it),
-each position compiles once, and the region's recompile budget is sized for its blocks.
+and compile the region again for every position. When no patch the block itself calls is installed
+(BLOCK_PATCHES, `patches_replace`; FreeU's patches run between blocks) the block sees a neutral
+position instead, and what it writes into the dict is copied back; with such patches, the real
+position goes in (a patch may depend on it), each position compiles once, and the region's recompile
+budget is sized for its blocks.
 
 Per region, as the whole model has it: the first call compiles (with the region named in the
 progress, the log and the stats); a failed compile sends that region, and only it, to eager with the
@@ -102,19 +103,21 @@ class CompiledRegion:
 # shape); the keys that hold patches. Without a patch nothing reads the first two kinds.
 POSITION_KEYS = {"block": ("", 0), "block_index": 0, "transformer_index": 0}
 SCRATCH_KEYS = ("activations_shape",)
-PATCH_KEYS = ("patches", "patches_replace")
+# the patches a block itself calls with its position (attention replacements are keyed by it); the
+# others (FreeU's output_block_patch, input_block_patch, ...) run in the glue between blocks
+BLOCK_PATCHES = ("attn1_patch", "attn2_patch", "attn1_output_patch", "attn2_output_patch", "middle_patch")
 
 
 @contextlib.contextmanager
 def positions_hidden(args, kwargs):
     """(args, kwargs) with each transformer_options dict (one with a "block" key) replaced by a copy,
-    when it holds no patch: every POSITION_KEYS key set to its neutral value and no SCRATCH_KEYS, so
+    when it holds no patch a block calls (BLOCK_PATCHES, patches_replace): every POSITION_KEYS key set to its neutral value and no SCRATCH_KEYS, so
     every block of a region passes the same keys and values; after the call, the other keys the
     block wrote into the copy are written into the original."""
     swapped = []
 
     def hide(value):
-        if not (isinstance(value, dict) and "block" in value) or any(value.get(key) for key in PATCH_KEYS):
+        if not (isinstance(value, dict) and "block" in value) or _patches_read_position(value):
             return value
         copy = {key: item for key, item in value.items() if key not in SCRATCH_KEYS}
         copy.update(POSITION_KEYS)
@@ -127,6 +130,11 @@ def positions_hidden(args, kwargs):
         for key, item in copy.items():
             if key not in POSITION_KEYS and key not in SCRATCH_KEYS and (key not in given or given[key] is not item):
                 original[key] = item
+
+
+def _patches_read_position(options: dict) -> bool:
+    patches = options.get("patches") or {}
+    return bool(options.get("patches_replace")) or any(patches.get(key) for key in BLOCK_PATCHES)
 
 
 class RegionProgress:
