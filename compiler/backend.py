@@ -118,6 +118,26 @@ class KilnBackend:
 
     # ---- around each call of the compiled model: catch calls TorchDynamo ran eagerly ----------
 
+    def run(self, call, eager, fall_back):
+        """`call()` (the compiled entry on this call's inputs) with everything around it: a failed
+        compile calls `fall_back(reason, exc)` and answers with `eager()`; a cancel from the progress
+        callback is re-raised untouched (nothing was installed); TorchDynamo's record for the entry's
+        code is dropped after every call."""
+        self.before_call()
+        try:
+            out = call()
+        except compat.compile_failure_types() as exc:
+            if self.interrupt is not None:  # cancelled, not failed
+                raise self.interrupt from None
+            fall_back(f"compile failed: {compat.describe_compile_failure(exc)}", exc)
+            return eager()
+        else:
+            self.after_call()
+            return out
+        finally:
+            self.end_call()
+            compat.forget_code(self.code)
+
     def before_call(self):
         self.interrupt = None
         self._capture_from = time.perf_counter()

@@ -107,7 +107,6 @@ class KilnModel(torch.nn.Module):
         self.progress: Optional[Progress] = None
         self.stats = KilnStats(options=plan.compile.as_dict() if plan.compile else {})
         self._compiled = None           # the torch.compile'd entry function, made on the first call
-        self._compiled_code = None      # its code object: TorchDynamo's graphs for this model live on it
         self._backend: Optional[KilnBackend] = None
         self._regions: Optional[RegionalCompile] = None  # compiled by blocks: the regions, made on the first call
 
@@ -137,20 +136,7 @@ class KilnModel(torch.nn.Module):
             mark_batch_and_resolution_dynamic(args, kwargs)
         backend = self._backend
         backend.progress = self.progress
-        backend.before_call()
-        try:
-            out = compiled(module, *args, **kwargs)
-        except compat.compile_failure_types() as exc:
-            if backend.interrupt is not None:  # cancelled, not failed: nothing was installed
-                raise backend.interrupt from None
-            self._fall_back(f"compile failed: {compat.describe_compile_failure(exc)}", exc)
-            return module(*args, **kwargs)
-        else:
-            backend.after_call()
-            return out
-        finally:
-            backend.end_call()
-            compat.forget_code(self._compiled_code)
+        return backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs), self._fall_back)
 
     def _prepare(self):
         """Execute the plan's steps (STEPS order). None, and the model runs eagerly, if there is nothing
@@ -186,8 +172,7 @@ class KilnModel(torch.nn.Module):
             self._regions = RegionalCompile(regions, options, self.stats, cache, label)
             log.info("Kiln: %s compiles by blocks: %s", label, self.stats.units_line())
             return self._regions
-        entry = _entry_function(f"kiln_{label.replace('.', '_')}")
-        self._compiled_code = entry.__code__
+        entry = _entry_function(f"kiln_{label.replace('.', '_')}")  # TorchDynamo's graphs for this model live on its code
         self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=label)
         self._compiled = torch.compile(entry, backend=self._backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
         return self._compiled

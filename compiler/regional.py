@@ -69,22 +69,12 @@ class CompiledRegion:
         if self.fallback is not None:
             return compat.call_module_body(block, *args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
-        backend = self.backend
-        backend.before_call()
-        try:
-            with positions_hidden(args, kwargs) as (args, kwargs):
-                out = self.compiled(block, *args, **kwargs)
-        except compat.compile_failure_types() as exc:
-            if backend.interrupt is not None:  # cancelled, not failed: nothing was installed
-                raise backend.interrupt from None
-            self._fall_back(f"compile failed: {compat.describe_compile_failure(exc)}", exc)
-            return compat.call_module_body(block, *args, **kwargs)
-        else:
-            backend.after_call()
-            return out
-        finally:
-            backend.end_call()
-            compat.forget_code(self.code)
+
+        def call():
+            with positions_hidden(args, kwargs) as (given_args, given_kwargs):
+                return self.compiled(block, *given_args, **given_kwargs)
+
+        return self.backend.run(call, lambda: compat.call_module_body(block, *args, **kwargs), self._fall_back)
 
     def _fall_back(self, reason: str, exc: BaseException) -> None:
         self.fallback = reason
