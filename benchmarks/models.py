@@ -81,7 +81,9 @@ def _flux_config(size: str) -> dict:
         return dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
                     num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
                     axes_dims_rope=(16, 56, 56))
-    return dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2 if size == "tiny" else 4,
+    # cpu: Flux's shape in small, many identical double and single blocks (what compiling by blocks is for)
+    return dict(patch_size=1, in_channels=16, num_layers=1 if size == "tiny" else 6,
+                num_single_layers=2 if size == "tiny" else 12,
                 attention_head_dim=16, num_attention_heads=2 if size == "tiny" else 4, joint_attention_dim=32,
                 pooled_projection_dim=32, guidance_embeds=False, axes_dims_rope=(4, 6, 6))
 

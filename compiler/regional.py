@@ -161,8 +161,10 @@ class RegionalCompile:
             for block in blocks:
                 self._routes[block] = _route(compiled, block)
         stats.regions = [region for region, _ in regions]
-        # graphs per region: every position of its blocks (with patches installed), batch 1, a branch or two
-        self.budget = 2 * max(len(region.members) for region, _ in regions) + 4
+        # graphs per code object: every position of the blocks (with attention patches installed), batch 1,
+        # a branch or two; counted over all blocks, since where a block's graph breaks TorchDynamo resumes
+        # in the model's own code, which every region's blocks share
+        self.budget = 2 * sum(len(region.members) for region, _ in regions) + 4
 
     @contextlib.contextmanager
     def routed(self, progress: Optional[Progress]):

@@ -139,6 +139,15 @@ class Case:
     def recompile_reasons(self):
         return [c.reason for c in self.new if c.reason.startswith("recompile")]
 
+    def assert_recompiled_for(self, what: str):
+        """Compiling whole: the first recompile names `what` (TorchDynamo's guard). By blocks the reasons
+        are the block graphs' own (a position of a block with attention patches, a batch of 1 in one
+        block), and the whole graph's may need no recompile at all (ControlNet's residuals enter between
+        blocks): what holds there is checked by run() and assert_compiles()."""
+        if UNIT["compile_unit"] == "whole":
+            reasons = self.recompile_reasons()
+            assert reasons and what in reasons[0], reasons
+
 
 def changes_the_image(a, b):
     """The patch does something: 100x above fp32 rounding (Kiln's images here match eager ones to 1e-6).
@@ -250,8 +259,9 @@ def test_area_conditioning(plain):
     case = Case("ConditioningSetArea(+Percentage) + Combine, areas moved", plain, [
         lambda compile, w=w, x=x: prompt(compile, w, x) for w, x in [(64, 0), (64, 64), (96, 32), (64, 0)]]).run()
     case.assert_compiles(0, 0, 0, 0)
-    crops = {v.signature.split(", context")[0] for v in case.stats.variants if "latent 16x16" not in v.signature}
-    assert {"batch 2, latent 8x8 (64x64 px)", "batch 2, latent 16x8 (64x128 px)", "batch 2, latent 8x12 (96x64 px)"} <= crops
+    if UNIT["compile_unit"] == "whole":  # the shape manager's records are the whole graph's
+        crops = {v.signature.split(", context")[0] for v in case.stats.variants if "latent 16x16" not in v.signature}
+        assert {"batch 2, latent 8x8 (64x64 px)", "batch 2, latent 16x8 (64x128 px)", "batch 2, latent 8x12 (96x64 px)"} <= crops
 
 
 # ---- 2. ControlNet: strength changes, 0 included, other sizes ---------------------------------
@@ -280,7 +290,7 @@ def test_controlnet_strengths(compile_controlnet):
     case = Case(f"ControlNet 1, 0, 0.5, 0.8 (other sizes), 0, 1 ({'Kiln' if compile_controlnet else 'eager'} "
                 "ControlNet)", base, [lambda compile, r=r: prompt(compile, *r) for r in runs]).run()
     case.assert_compiles(1, 2, 2, 2, 2, 2)
-    assert "kwargs['control']" in case.recompile_reasons()[0]
+    case.assert_recompiled_for("kwargs['control']")
     assert changes_the_image(case.eager_images[0], case.eager_images[1])
     if compile_controlnet:
         # the ControlNet's own graphs: one hint serves a batch of 1 and is repeated for larger ones
@@ -323,7 +333,7 @@ def test_self_attention_guidance():
         lambda compile, s=s: sample(nodes_sag.SelfAttentionGuidance.execute(compile(base), s, 2.0)[0], pos, neg)
         for s in (0.5, 0.7, 0.3)]).run()
     case.assert_compiles(2, 2, 2)
-    assert "cond_or_uncond" in case.recompile_reasons()[0]
+    case.assert_recompiled_for("cond_or_uncond")
     assert changes_the_image(case.eager_images[0], sample(base, pos, neg))
 
 
@@ -336,7 +346,7 @@ def test_perp_neg_node():
         lambda compile, s=s: sample(nodes_perpneg.PerpNeg.execute(compile(base), empty, s)[0], pos, neg)
         for s in (1.0, 0.5, 1.5)]).run()
     case.assert_compiles(2, 2, 2)
-    assert "size()[0]" in case.recompile_reasons()[0]  # TorchDynamo's 0/1 specialisation of the batch
+    case.assert_recompiled_for("size()[0]")  # TorchDynamo's 0/1 specialisation of the batch
 
 
 # ---- 4. An attention-patching node in the style of IPAdapter -----------------------------------
@@ -423,7 +433,7 @@ def test_attention_patches_in_the_style_of_ipadapter():
         lambda compile, w=w, s=s, size=size, b=b: sample(image_prompt(compile(base), w, seed=s), pos, neg, size=size,
                                                          batch=b) for w, s, size, b in runs]).run()
     case.assert_compiles(1, 2, 2, 2)
-    assert ".weight" in case.recompile_reasons()[0]
+    case.assert_recompiled_for(".weight")
     assert not case.stats.graph_breaks
     assert changes_the_image(case.eager_images[0], sample(base, pos, neg))
     assert changes_the_image(case.eager_images[0], case.eager_images[1])
@@ -492,5 +502,5 @@ def test_low_vram_partial_loading_with_lora(low_vram, loras):
         lambda compile, i=i, s=s: sample(lora(compile(base), loras[i], s), pos, neg) for i, s in LORA_PROMPTS]).run()
     assert low_vram and _cast_in_forward(base) > 0
     case.assert_compiles(1, 2, 2, 2)
-    assert "weight_function" in case.recompile_reasons()[0]
+    case.assert_recompiled_for("weight_function")
     assert changes_the_image(case.eager_images[1], case.eager_images[2])
