@@ -14,8 +14,8 @@ attention code looks up in the (empty) dict of attention patches, so TorchDynamo
 and compile the region again for every position. When no patch the block itself calls is installed
 (BLOCK_PATCHES, `patches_replace`; FreeU's patches run between blocks) the block sees a neutral
 position instead, and what it writes into the dict is copied back; with such patches, the real
-position goes in (a patch may depend on it), each position compiles once, and the region's recompile
-budget is sized for its blocks.
+position goes in (a patch may depend on it), each position compiles once, and the recompile budget
+is sized for the model's blocks.
 
 Per region, as the whole model has it: the first call compiles (with the region named in the
 progress, the log and the stats); a failed compile sends that region, and only it, to eager with the
@@ -100,10 +100,10 @@ BLOCK_PATCHES = ("attn1_patch", "attn2_patch", "attn1_output_patch", "attn2_outp
 
 @contextlib.contextmanager
 def positions_hidden(args, kwargs):
-    """(args, kwargs) with each transformer_options dict (one with a "block" key) replaced by a copy,
-    when it holds no patch a block calls (BLOCK_PATCHES, patches_replace): every POSITION_KEYS key set to its neutral value and no SCRATCH_KEYS, so
-    every block of a region passes the same keys and values; after the call, the other keys the
-    block wrote into the copy are written into the original."""
+    """(args, kwargs) with each transformer_options dict (one with a "block" key) replaced by a copy
+    when it holds no patch a block calls (BLOCK_PATCHES, patches_replace): every POSITION_KEYS key
+    set to its neutral value and no SCRATCH_KEYS, so every block of a region passes the same keys
+    and values. After the call, the other keys the block wrote into the copy go into the original."""
     swapped = []
 
     def hide(value):
@@ -169,7 +169,7 @@ class RegionalCompile:
     @contextlib.contextmanager
     def routed(self, progress: Optional[Progress]):
         """A context for one call of the model: its blocks run through their regions, compiled with
-        duck sizing off and a recompile budget sized for the largest region."""
+        duck sizing off and a recompile budget sized for the model's blocks."""
         self.progress.callback = progress
         with compat.calls_routed(self._routes), compat.no_duck_sizing(), compat.recompile_limit_at_least(self.budget):
             yield
