@@ -180,7 +180,6 @@ class KilnBackend:
 
         lowering = self.options.lowering
         index = len(self.stats.compiles)
-        self.graphs += 1
         graph = graph_hash(gm, is_weight) if self._caching() else ""  # the captured structure, before the passes
         ctx = PassContext(device_type=device, triton=triton_available() and device == "cuda",
                           grad_enabled=torch.is_grad_enabled(), inductor=lowering.uses_inductor, mode=self.options.mode)
@@ -219,6 +218,7 @@ class KilnBackend:
         self._capture_from = time.perf_counter()
         self._breaks_seen = compat.graph_break_count()
         self.stats.compiles.append(record)
+        self.graphs += 1  # counted once recorded: TorchDynamo may call a backend again for one graph (a restarted capture)
         log.info("Kiln compiled %s", record.line())
         budget = self._budget(device)
         if budget is None and (not dynamic or self.region):
