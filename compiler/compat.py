@@ -298,3 +298,13 @@ def no_duck_sizing():
     import torch.fx.experimental._config as fx_config
 
     return fx_config.patch(use_duck_shape=False)
+
+
+def floats_specialized():
+    """A context in which TorchDynamo keeps Python floats it reads as constants (`specialize_float`;
+    checked: torch 2.5 - 2.14). Compiled with every size dynamic, a block's float attributes (a norm's
+    eps) would otherwise reach the graph as symbolic inputs, which Kiln's passes and kernels take as
+    constants."""
+    import torch._dynamo.config as dynamo_config
+
+    return dynamo_config.patch(specialize_float=True)

@@ -51,11 +51,15 @@ class FuseGroupNormSilu(GraphPass):
                 continue
             if not kernel_gate(ctx, result, "GroupNorm+SiLU"):
                 continue
+            eps = arg(norm, 4, "eps", 1e-5)
+            if not isinstance(eps, (int, float)):
+                result.skip("GroupNorm eps is not a constant in this graph (the kernel takes a fixed eps)")
+                continue
             with graph.inserting_before(silu):
                 fused = graph.call_function(
                     torch.ops.kiln.group_norm_silu.default,
                     (x, arg(norm, 1, "num_groups"), arg(norm, 2, "weight"), arg(norm, 3, "bias"),
-                     float(arg(norm, 4, "eps", 1e-5)), True),
+                     float(eps), True),
                 )
             fused.meta.update(silu.meta)
             silu.replace_all_uses_with(fused)

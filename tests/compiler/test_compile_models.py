@@ -24,10 +24,27 @@ def sd15():
     unet = spec.build("tiny")
     unet.set_attn_processor(AttnProcessor())
     args, kwargs = spec.inputs(unet, batch=2)
-    compiled = kiln.compile(unet, options=kiln.CompileOptions(mode="balanced", passes=ALL_ON))
+    # whole: every instance of every pattern in one graph (by blocks: test_sd15_by_blocks_lowers_every_pass)
+    compiled = kiln.compile(unet, options=kiln.CompileOptions(mode="balanced", passes=ALL_ON, compile_unit="whole"))
     with torch.no_grad():
         first = compiled(*args, **kwargs)[0]
     return unet, compiled, args, kwargs, first
+
+
+@pytest.mark.slow
+def test_sd15_by_blocks_lowers_every_pass():
+    """The same through Inductor by blocks: each region's graph takes every rewrite (a block's float
+    attributes, a norm's eps, stay constants although its sizes are all dynamic) and no region falls
+    back to eager."""
+    spec = MODELS["sd15"]
+    unet = spec.build("tiny")
+    args, kwargs = spec.inputs(unet, batch=2)
+    compiled = kiln.compile(unet, options=kiln.CompileOptions(mode="balanced", passes=ALL_ON, compile_unit="blocks"))
+    with torch.no_grad():
+        assert rel_err(compiled(*args, **kwargs)[0], unet(*args, **kwargs)[0]) < 1e-4
+    info = kiln.stats(compiled)
+    assert info.regions and info.compile_count == len(info.regions) and not info.region_fallbacks, info.summary()
+    assert info.pass_counts["fuse_group_norm_silu"] > 0 and info.pass_counts["fuse_geglu"] > 0
 
 
 @pytest.mark.slow
