@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -85,14 +86,20 @@ def signature(block: torch.nn.Module) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def _repeats(block_list: torch.nn.Module) -> bool:
-    counts = Counter(signature(m) for m in block_list.children() if is_block(m))
-    return any(n > 1 for n in counts.values())
-
-
-def find_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """(path, block) for every block of `model`, in model order (see the module docstring)."""
+def find_blocks(model: torch.nn.Module, signatures: Optional[dict] = None) -> list[tuple[str, torch.nn.Module]]:
+    """(path, block) for every block of `model`, in model order (see the module docstring).
+    `signatures` ({module: signature}) keeps those computed on the way, for the caller to reuse."""
     found: list[tuple[str, torch.nn.Module]] = []
+    signatures = {} if signatures is None else signatures
+
+    def signature_of(module: torch.nn.Module) -> str:
+        if module not in signatures:
+            signatures[module] = signature(module)
+        return signatures[module]
+
+    def _repeats(block_list: torch.nn.Module) -> bool:
+        counts = Counter(signature_of(m) for m in block_list.children() if is_block(m))
+        return any(n > 1 for n in counts.values())
 
     def split(module: torch.nn.Module) -> bool:
         return any(_is_block_list(child) and _repeats(child) for child in module.children())
@@ -124,8 +131,10 @@ def regions_of(model: torch.nn.Module) -> list[tuple[Region, list[torch.nn.Modul
     """The model's blocks grouped into regions (one per distinct signature, in model order), each
     with its blocks."""
     groups: dict[str, list[tuple[str, torch.nn.Module]]] = {}
-    for path, block in find_blocks(model):
-        groups.setdefault(signature(block), []).append((path, block))
+    signatures: dict = {}
+    for path, block in find_blocks(model, signatures):
+        key = signatures.get(block) or signature(block)
+        groups.setdefault(key, []).append((path, block))
     per_class: Counter = Counter()
     regions = []
     for index, members in enumerate(groups.values()):

@@ -26,7 +26,6 @@ global table keeps a dropped model's graphs, shape variants or stats alive.
 from __future__ import annotations
 
 import logging
-import types
 from typing import Optional
 
 import torch
@@ -86,15 +85,6 @@ def model_for(module: torch.nn.Module, plan: KilnPlan, progress: Optional[Progre
 
 def _entry(module, *args, **kwargs):
     return module(*args, **kwargs)
-
-
-def _entry_function(name: str) -> types.FunctionType:
-    """A copy of `_entry` with a code object of its own. TorchDynamo keeps compiled graphs (and
-    counts its recompile limit) per code object: compiling this instead of the model class's
-    `forward` gives each model its own, freed with it, instead of one shared by every model of
-    that class in the process (where the 9th model of a class would run eagerly)."""
-    code = _entry.__code__.replace(co_name=name)
-    return types.FunctionType(code, _entry.__globals__, name)
 
 
 class KilnModel(torch.nn.Module):
@@ -172,7 +162,8 @@ class KilnModel(torch.nn.Module):
             self._regions = RegionalCompile(regions, options, self.stats, cache, label)
             log.info("Kiln: %s compiles by blocks: %s", label, self.stats.units_line())
             return self._regions
-        entry = _entry_function(f"kiln_{label.replace('.', '_')}")  # TorchDynamo's graphs for this model live on its code
+        # not the model class's forward, shared by every model of the class (the 9th would run eagerly)
+        entry = compat.own_code(_entry, f"kiln_{label.replace('.', '_')}")
         self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=label)
         self._compiled = torch.compile(entry, backend=self._backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
         return self._compiled

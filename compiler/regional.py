@@ -47,16 +47,15 @@ class CompiledRegion:
     """One region's compiled entry and the guard every call of one of its blocks goes through."""
 
     def __init__(self, region: Region, options: CompileOptions, stats: KilnStats, cache: Optional[GraphCache],
-                 label: str, budget: Optional[CudaGraphBudget], progress: "RegionProgress"):
+                 label: str, cuda_graph_budget: Optional[CudaGraphBudget], progress: "RegionProgress"):
         self.region = region
         self.stats = stats
         self.label = label
         self.fallback: Optional[str] = None
-        # a code object of its own per region (see compiler/model.py's `_entry_function` for why)
-        entry = compat.module_body_entry(f"kiln_{label}_{region.name}".replace(".", "_").replace("#", "_"))
+        entry = compat.own_code(compat.call_module_body, f"kiln_{label}_{region.name}".replace(".", "_").replace("#", "_"))
         self.code = entry.__code__
         self.backend = KilnBackend(options, stats, code=self.code, cache=cache, label=f"{label} {region.name}",
-                                   region=region.name, cuda_graph_budget=budget)
+                                   region=region.name, cuda_graph_budget=cuda_graph_budget)
         self.backend.progress = progress.for_region(region)
         # auto: every size dynamic from the first compile. A block's inputs are sized by the batch and
         # the resolution in ways the block cannot tell apart from its channels (tokens, a Python list
@@ -152,9 +151,9 @@ class RegionalCompile:
 
     def __init__(self, regions: list[tuple[Region, list[torch.nn.Module]]], options: CompileOptions, stats: KilnStats,
                  cache: Optional[GraphCache], label: str):
-        budget = CudaGraphBudget(options.shapes.max_cuda_graphs) if options.cuda_graphs else None
+        cuda_graph_budget = CudaGraphBudget(options.shapes.max_cuda_graphs) if options.cuda_graphs else None
         self.progress = RegionProgress(len(regions))
-        self.regions = [CompiledRegion(region, options, stats, cache, label, budget, self.progress)
+        self.regions = [CompiledRegion(region, options, stats, cache, label, cuda_graph_budget, self.progress)
                         for region, _ in regions]
         self._routes = {}
         for compiled, (_, blocks) in zip(self.regions, regions):
