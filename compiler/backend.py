@@ -15,6 +15,7 @@ import torch
 from . import compat
 from .cache import GraphCache, entry_fields, graph_hash
 from .cuda_graph_budget import CudaGraphBudget
+from .fusible import nothing_to_fuse
 from .options import CompileOptions
 from .passes import PASSES, PassContext, Progress, passes_uuid, run_passes
 from .shape_manager import ShapeDispatcher, is_weight
@@ -82,6 +83,8 @@ class KilnBackend:
         self._capture_from = None  # the call's start, or the end of its previous graph: TorchDynamo captures from then
         self._breaks_seen = 0      # TorchDynamo's graph-break count at the same moment
         self._breaks_logged: set[str] = set()
+        # a region whose whole block is one graph with nothing to fuse runs eagerly: why (compiler/fusible.py)
+        self.kept_eager: Optional[str] = None
 
     def _reason(self) -> str:
         new, self._failures_seen = compat.guard_failures_since(self._failures_seen), compat.guard_failure_counts()
@@ -180,6 +183,9 @@ class KilnBackend:
 
         lowering = self.options.lowering
         index = len(self.stats.compiles)
+        idle = nothing_to_fuse(gm) if self._may_keep_eager(device) else None
+        if idle is not None:
+            return self._keep_eager(gm, idle, reason, breaks, capture, start, index)
         graph = graph_hash(gm, is_weight) if self._caching() else ""  # the captured structure, before the passes
         ctx = PassContext(device_type=device, triton=triton_available() and device == "cuda",
                           grad_enabled=torch.is_grad_enabled(), inductor=lowering.uses_inductor, mode=self.options.mode)
@@ -237,6 +243,34 @@ class KilnBackend:
         return ShapeDispatcher(captured, lowered, lower_static if specialisable else None, self.options.shapes,
                                self.stats, record.index, record.capture_seconds + record.seconds, self.report,
                                compile_pinned=dynamic and self.calls == 0, cuda_graphs=budget)
+
+    def _may_keep_eager(self, device: str) -> bool:
+        """Only a region's graph may stay eager for having nothing to fuse, and only where lowering
+        would not make its library ops faster: Inductor's default lowering (autotuning may pick a
+        generated convolution) without CUDA graphs (which pay on any graph: fewer launches)."""
+        options = self.options
+        return (bool(self.region) and options.lowering.uses_inductor and options.lowering.inductor_preset is None
+                and not any(name.startswith("max_autotune") and value for name, value in options.inductor.items())
+                and not (options.cuda_graphs and device == "cuda"))
+
+    def _keep_eager(self, gm, why: str, reason: str, breaks: list[str], capture: float, start: float, index: int):
+        """Run the captured graph as it is (TorchDynamo's FX graph: the block's own ops) and, when it is
+        the region's whole block, let the region run its blocks eagerly from now on."""
+        if not self.graphs and not breaks:
+            self.kept_eager = why
+            self.stats.regions_eager[self.region] = why
+        record = GraphCompile(
+            index=index, reason=reason, lowering="eager", input_shapes=_user_input_shapes(gm),
+            nodes=len(gm.graph.nodes), rewrites={}, skipped={}, seconds=time.perf_counter() - start,
+            dynamic=_is_dynamic(gm), capture_seconds=capture, graph_breaks=breaks, region=self.region)
+        self.stats.compiles.append(record)
+        self.graphs += 1
+        self._capture_from = time.perf_counter()
+        self._breaks_seen = compat.graph_break_count()
+        total = len(PASSES) + 1
+        self.report(f"kept eager: {why}", total, total)
+        log.info("Kiln kept %s eager: %s", record.line(), why)
+        return gm.forward
 
     def _caching(self) -> bool:
         return self.cache is not None and self.options.lowering.uses_inductor

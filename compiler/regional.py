@@ -17,6 +17,11 @@ position instead, and what it writes into the dict is copied back; with such pat
 position goes in (a patch may depend on it), each position compiles once, and the recompile budget
 is sized for the model's blocks.
 
+A region whose block is one graph with nothing for Inductor to fuse (a lone convolution, a resize
+and a convolution: compiler/fusible.py) runs its first call as captured and its blocks eagerly from
+then on (`stats.regions_eager`, with the reason): lowering it would cost a build and gain nothing,
+and every call of a compiled block pays TorchDynamo's entry and guards (~0.1 ms on a CPU).
+
 Per region, as the whole model has it: the first call compiles (with the region named in the
 progress, the log and the stats); a failed compile sends that region, and only it, to eager with the
 reason logged and kept (`stats.region_fallbacks`); a cancel from the progress callback propagates
@@ -65,7 +70,7 @@ class CompiledRegion:
         self.compiled = torch.compile(entry, backend=self.backend, dynamic=dynamic, fullgraph=options.fullgraph)
 
     def __call__(self, block: torch.nn.Module, *args, **kwargs):
-        if self.fallback is not None:
+        if self.fallback is not None or self.backend.kept_eager is not None:
             return compat.call_module_body(block, *args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
 

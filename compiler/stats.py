@@ -62,7 +62,8 @@ class KilnStats:
     evictions: int = 0              # specialised variants dropped by the LRU bound
     cache: list = field(default_factory=list)  # CacheEvents (compiler/cache): hit or miss per lowering, and why
     regions: list = field(default_factory=list)  # compiled by blocks: the Regions (compiler/blocks.py); [] for whole
-    region_fallbacks: dict = field(default_factory=dict)  # region name -> why its blocks run eagerly
+    region_fallbacks: dict = field(default_factory=dict)  # region name -> why its compile failed (its blocks run eagerly)
+    regions_eager: dict = field(default_factory=dict)  # region name -> why compiling it gains nothing (it runs eagerly)
 
     @property
     def cache_hits(self) -> int:
@@ -84,11 +85,15 @@ class KilnStats:
         return [c for c in self.compiles if c.reason.startswith("recompile")]
 
     def units_line(self) -> str:
-        """'44 blocks in 20 regions (one compiled code each), 24 graphs'; "" for a whole-model compile."""
+        """'44 blocks in 21 regions (one compiled code each), 21 graph(s), 5 regions eager (nothing for
+        Inductor to fuse)'; "" for a whole-model compile."""
         if not self.regions:
             return ""
         blocks = sum(len(region.members) for region in self.regions)
-        return f"{blocks} blocks in {len(self.regions)} regions (one compiled code each), {self.compile_count} graph(s)"
+        line = f"{blocks} blocks in {len(self.regions)} regions (one compiled code each), {self.compile_count} graph(s)"
+        if self.regions_eager:
+            line += f", {len(self.regions_eager)} region(s) eager (nothing for Inductor to fuse)"
+        return line
 
     def variant_counts(self) -> dict[str, int]:
         """How each shape signature was served: {"compiled": n, "reused": n, "specialised": n}."""
@@ -109,6 +114,7 @@ class KilnStats:
         if self.fallback:
             lines.append(f"RUNNING EAGER: {self.fallback}")
         lines += [f"REGION {name} RUNS EAGER: {why}" for name, why in self.region_fallbacks.items()]
+        lines += [f"  region {name} runs eagerly by choice: {why}" for name, why in self.regions_eager.items()]
         if self.eager_calls:
             lines.append(f"{self.eager_calls} call(s) ran eagerly: {self.warnings[0]}")
         lines += [f"  graph break at {where} ({n} graph(s))" for where, n in self.graph_breaks.items()]
@@ -131,4 +137,5 @@ class KilnStats:
                 "pass_counts": self.pass_counts, "recompiles": len(self.recompiles), "graph_breaks": self.graph_breaks,
                 "variants": [asdict(v) for v in self.variants], "evictions": self.evictions,
                 "cache": [asdict(event) for event in self.cache],
-                "regions": [asdict(region) for region in self.regions], "region_fallbacks": self.region_fallbacks}
+                "regions": [asdict(region) for region in self.regions], "region_fallbacks": self.region_fallbacks,
+                "regions_eager": self.regions_eager}

@@ -213,3 +213,68 @@ def test_kiln_s_passes_run_on_each_region_s_graph():
     per_region = [sum(type(m).__name__ == "GEGLU" for m in unet.get_submodule(r.members[0]).modules()) for r in info.regions]
     assert sum(per_region) > 0 and info.pass_counts["fuse_geglu"] == sum(per_region)
     assert any(len(r.members) > 1 for r in info.regions if r.name.startswith("BasicTransformerBlock"))
+
+
+class Down(torch.nn.Module):
+    """One convolution: Inductor has nothing to fuse in it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class Mix(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.conv = torch.nn.GroupNorm(2, 4), torch.nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv(torch.nn.functional.silu(self.norm(x)))
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Mix(), Down(), Mix(), Down()])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_region_with_nothing_to_fuse_runs_eagerly_and_says_why():
+    torch.manual_seed(0)
+    module = ConvNet().eval()
+    compiled = kiln.compile(module, mode="balanced")
+    with torch.no_grad():
+        for shape in ((2, 4, 8, 8), (2, 4, 8, 8), (3, 4, 6, 10)):  # batch 2 first: TorchDynamo specialises a 1
+            x = torch.randn(shape)
+            assert rel_err(compiled(x), module(x)) < 1e-5
+    info = kiln.stats(compiled)
+    assert info.regions_eager == {"Down#1": "nothing for Inductor to fuse (conv2d)"}
+    assert [(c.region, c.lowering) for c in info.compiles] == [("Mix#1", "inductor"), ("Down#1", "eager")]
+    assert info.eager_calls == 0 and not info.region_fallbacks
+    assert "1 region(s) eager (nothing for Inductor to fuse)" in info.units_line()
+    assert "region Down#1 runs eagerly by choice: nothing for Inductor to fuse (conv2d)" in info.summary()
+
+
+def test_regions_with_nothing_to_fuse_are_lowered_where_lowering_pays_anyway():
+    from kiln.compiler.backend import KilnBackend
+    from kiln.compiler.stats import KilnStats
+
+    def may_keep_eager(device="cpu", **options):
+        options = CompileOptions(**options)
+        return KilnBackend(options, KilnStats(options.as_dict()), region="Down#1")._may_keep_eager(device)
+
+    assert may_keep_eager(mode="balanced")
+    assert not may_keep_eager(mode="max")  # autotuning may pick a generated convolution
+    assert not may_keep_eager(mode="balanced", inductor={"max_autotune": True})
+    assert not may_keep_eager("cuda", mode="balanced", cuda_graphs=True)  # a CUDA graph pays on any graph
+    assert may_keep_eager("cpu", mode="balanced", cuda_graphs=True)
+    assert not may_keep_eager(mode="fast")  # no Inductor: the graph runs as captured anyway
+    options = CompileOptions(mode="balanced")
+    assert not KilnBackend(options, KilnStats(options.as_dict()))._may_keep_eager("cpu")  # a whole model

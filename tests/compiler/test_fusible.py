@@ -1,0 +1,63 @@
+"""Whether a captured graph gives Inductor anything to fuse (compiler/fusible.py), on TorchDynamo's own graphs."""
+import torch
+import torch.nn.functional as F
+
+from kiln.compiler.fusible import computing_ops, nothing_to_fuse
+
+
+def captured(fn, *args) -> torch.fx.GraphModule:
+    """The FX graph TorchDynamo hands a backend for `fn(*args)`."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(fn, backend=record, fullgraph=True)(*args)
+    return graphs[0]
+
+
+def test_a_convolution_alone_has_nothing_to_fuse():
+    conv = torch.nn.Conv2d(4, 4, 3, stride=2, padding=1)
+    gm = captured(lambda x: conv(x), torch.randn(1, 4, 8, 8))
+    assert nothing_to_fuse(gm) == "nothing for Inductor to fuse (conv2d)"
+
+
+def test_a_resize_and_a_convolution_have_nothing_to_fuse():
+    conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+    gm = captured(lambda x: conv(F.interpolate(x, scale_factor=2.0, mode="nearest")), torch.randn(1, 4, 8, 8))
+    assert nothing_to_fuse(gm) == "nothing for Inductor to fuse (interpolate, conv2d)"
+
+
+def test_views_are_not_work():
+    linear = torch.nn.Linear(8, 8)
+    gm = captured(lambda x: linear(x.flatten(1)).view(2, 2, 4).transpose(1, 2).contiguous(), torch.randn(2, 2, 4))
+    assert computing_ops(gm) == ["linear"] and nothing_to_fuse(gm) is not None
+
+
+def test_two_elementwise_ops_or_a_norm_and_an_activation_are_worth_lowering():
+    norm, conv = torch.nn.GroupNorm(2, 4), torch.nn.Conv2d(4, 4, 3, padding=1)
+    gm = captured(lambda x: conv(F.silu(norm(x))), torch.randn(1, 4, 8, 8))
+    assert nothing_to_fuse(gm) is None
+    gm = captured(lambda x, y: (x * 2) + y, torch.randn(4), torch.randn(4))
+    assert nothing_to_fuse(gm) is None
+
+
+def test_arithmetic_on_dynamic_sizes_is_not_work():
+    """ComfyUI's and diffusers' Upsample pass the output size: with dynamic shapes it is computed
+    from SymInts in the graph, which generates no kernel."""
+    conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+
+    def upsample(x):
+        return conv(F.interpolate(x, size=(x.shape[2] * 2, x.shape[3] * 2), mode="nearest"))
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(upsample, backend=record, dynamic=True, fullgraph=True)(torch.randn(2, 4, 6, 8))
+    assert any(op_name == "mul" for op_name in (n.target.__name__ for n in graphs[0].graph.nodes
+                                                  if n.op == "call_function" and hasattr(n.target, "__name__")))
+    assert nothing_to_fuse(graphs[0]) == "nothing for Inductor to fuse (interpolate, conv2d)"
