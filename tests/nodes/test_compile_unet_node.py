@@ -3,6 +3,7 @@ it shows per compile."""
 import pytest
 import torch
 
+import kiln
 import kiln.nodes
 from kiln.compiler import OptionsError, compat
 from kiln.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
@@ -24,8 +25,10 @@ def test_node_is_registered_with_its_display_name():
     assert NODE_CLASS_MAPPINGS["KilnCompileUNet"] is KilnCompileUNet
     assert NODE_DISPLAY_NAME_MAPPINGS["KilnCompileUNet"] == "Kiln › Compile UNet"
     inputs = KilnCompileUNet.INPUT_TYPES()
-    assert inputs["required"]["mode"][0] == ["fast", "balanced", "max"]
+    assert inputs["required"]["mode"][0] == list(kiln.compiler.MODES) == list(kiln.compiler.LOWERINGS)
     assert inputs["required"]["mode"][1]["default"] == "balanced"
+    for mode, lowering in kiln.compiler.LOWERINGS.items():  # the tooltip says what each mode means
+        assert f"{mode}: {lowering.description}" in inputs["required"]["mode"][1]["tooltip"]
     assert KilnCompileUNet.RETURN_TYPES == ("MODEL", "STRING")
 
 
@@ -39,10 +42,8 @@ def test_old_torch_passes_the_model_through_and_says_why(monkeypatch, caplog):
 
 
 def test_compiler_import_failure_passes_the_model_through(monkeypatch):
-    import kiln.nodes
-
-    monkeypatch.setattr(kiln.nodes, "compiler", None)
-    monkeypatch.setattr(kiln.nodes, "COMPILER_LOAD_ERROR", "Kiln's compiler could not load (ImportError: no custom_op)")
+    monkeypatch.setattr(kiln, "compiler", None)
+    monkeypatch.setattr(kiln, "COMPILER_LOAD_ERROR", "Kiln's compiler could not load (ImportError: no custom_op)")
     model = FakePatcher()
     out, report = KilnCompileUNet().compile(model)
     assert out is model and "could not load (ImportError: no custom_op)" in report
@@ -68,10 +69,28 @@ def test_nodes_import_only_the_compilers_public_api():
                 assert node.module in (None, "compiler"), f"{path.name} imports ..{node.module}"
                 if node.module == "compiler":
                     assert {a.name for a in node.names} <= public, f"{path.name}: {[a.name for a in node.names]}"
-                else:
-                    assert [a.name for a in node.names] == ["compiler"], f"{path.name}: {[a.name for a in node.names]}"
+                else:  # the package's guarded compiler, and the choices every layer shares
+                    assert {a.name for a in node.names} <= {"compiler", "COMPILER_LOAD_ERROR", "choices"}, \
+                        f"{path.name}: {[a.name for a in node.names]}"
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "compiler":
                 assert node.attr in public, f"{path.name} uses compiler.{node.attr}"
+
+
+def test_no_node_module_imports_another():
+    """Node modules import what they share (shared.py, plan_wrapper.py, quant_patcher.py), not each other."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(kiln.nodes.__file__).parent
+    node_modules = {path.stem for path in folder.glob("*.py")
+                    if path.stem != "__init__" and "NODE_CLASS_MAPPINGS = {" in path.read_text()}
+    assert {"compile_unet", "compile_vae", "compile_controlnet", "cache_graph", "quantize_model"} <= node_modules
+    for name in node_modules:
+        imported = set()
+        for node in ast.walk(ast.parse((folder / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                imported |= {node.module} if node.module else {a.name for a in node.names}
+        assert not imported & node_modules, f"{name} imports {sorted(imported & node_modules)}"
 
 
 def test_bad_advanced_options_are_an_error_naming_the_key():
