@@ -25,9 +25,9 @@ import zlib
 from pathlib import Path
 
 from ..client.comfy import ComfyClient, ComfyError, apply_sets
-from ..client.follow import COMPILE_LINE
 from ..client.queue import run_all
 from ..client.workflow import KILN_COMPILE_NODES, check_prompt, without_nodes
+from ..events import CompileEvent
 
 WORKFLOW = Path(__file__).parents[1] / "workflows" / "kiln_sd15_controlnet_api.json"
 LORA_NODE = "100"
@@ -178,7 +178,8 @@ def summarize(records: list[dict], args: argparse.Namespace, out: Path) -> int:
             lowest = min(lowest, value)
             if value < 40:
                 failures.append(f"prompt {number} {settings}: PSNR {value:.1f} dB < 40")
-        compiles += [(number, line) for line in ours["kiln_lines"] if COMPILE_LINE.search(line)]
+        compiles += [(number, f"{shown['node']}: {CompileEvent.from_message(shown).line()}")
+                     for shown in ours.get("kiln_compiles", [])]
     seconds = {"kiln": [r["total_seconds"] for r in kiln], "eager": [r["total_seconds"] for r in eager]}
     warm = [(ours["total_seconds"], reference["total_seconds"]) for ours, reference in zip(kiln, eager)
             if not ours["kiln_compile_seconds"]]

@@ -17,6 +17,7 @@ import itertools
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from .comfy import (ComfyClient, ComfyError, ComfyUnreachable, PromptFailed, PromptRejected, PromptTimedOut,
@@ -175,6 +176,7 @@ def _fill(result: Result, run: PromptRun, followed: bool, client: ComfyClient, o
     if followed:
         result.kiln_compile_seconds = run.kiln_compile_seconds if result.uses_kiln else None
         result.kiln_variants, result.kiln_lines = run.kiln_variants, run.kiln_lines
+        result.kiln_compiles = [{"node": shown["node"], "event": asdict(shown["event"])} for shown in run.kiln_compiles]
         result.nothing_ran = not run.executed
     images = output_images(run.record)
     if out:

@@ -56,7 +56,8 @@ def test_a_comfyui_without_model_wrappers_passes_the_model_through_and_says_whic
 
 
 def test_nodes_import_only_the_compilers_public_api():
-    """nodes/ never reaches around kiln.compiler's public names (no compat, kernels, backend...)."""
+    """nodes/ never reaches around kiln.compiler's public names (no compat, kernels, backend...); besides
+    them it reads the package's guarded compiler and the torch-free choices and events every layer shares."""
     import ast
     from pathlib import Path
 
@@ -66,10 +67,10 @@ def test_nodes_import_only_the_compilers_public_api():
     for path in Path(kiln.nodes.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level >= 2:  # from .. / from ..x import
-                assert node.module in (None, "compiler"), f"{path.name} imports ..{node.module}"
+                assert node.module in (None, "compiler", "events"), f"{path.name} imports ..{node.module}"
                 if node.module == "compiler":
                     assert {a.name for a in node.names} <= public, f"{path.name}: {[a.name for a in node.names]}"
-                else:  # the package's guarded compiler, and the choices every layer shares
+                elif node.module is None:
                     assert {a.name for a in node.names} <= {"compiler", "COMPILER_LOAD_ERROR", "choices"}, \
                         f"{path.name}: {[a.name for a in node.names]}"
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "compiler":
@@ -125,19 +126,15 @@ def test_a_compile_shows_as_one_line_the_guard_with_its_source_line():
     """TorchDynamo's recompile reason goes on with a user stack trace: the node (and `kiln queue`) shows
     the first line, the log and kiln.stats keep it whole."""
     from kiln.compiler.stats import GraphCompile
-    from kiln.nodes.plan_wrapper import compile_line
 
     reason = ("recompile: 1/0: ___check_type_id(kwargs['control'], 1), type=<class 'dict'>  # if control is not None"
               "  # openaimodel.py:366 in apply_control\nUser stack trace:\n  File \"model.py\", line 82, in forward")
     graph = GraphCompile(index=1, reason=reason, lowering="fx", input_shapes=[[2, 4, 8, 8]], nodes=9, rewrites={},
                          skipped={}, seconds=1.3, dynamic=True, capture_seconds=2.0)
-    assert compile_line(graph) == ("Kiln compiled graph 1 in 3.3s (fx, dynamic shapes): " + reason.splitlines()[0])
+    assert graph.event().line() == ("Kiln compiled graph 1 in 3.3s (fx, dynamic shapes): " + reason.splitlines()[0])
     first = GraphCompile(**{**graph.__dict__, "index": 0, "reason": "first compile", "dynamic": False})
-    assert compile_line(first) == "Kiln compiled graph 0 in 3.3s (fx, static shapes): first compile"
+    assert first.event().line() == "Kiln compiled graph 0 in 3.3s (fx, static shapes): first compile"
     assert "User stack trace" in graph.line()  # what the log says
     region = GraphCompile(**{**first.__dict__, "region": "ResBlock#2"})
-    line = compile_line(region)
-    assert line == "Kiln compiled graph 0 in 3.3s (fx, static shapes) for region ResBlock#2: first compile"
-    from kiln.client.follow import COMPILE_LINE  # what `kiln queue` reads back: the time and the variant
-
-    assert COMPILE_LINE.search(line).groups() == ("3.3", "fx, static shapes")
+    assert region.event().line() == "Kiln compiled graph 0 in 3.3s (fx, static shapes) for region ResBlock#2: first compile"
+    assert (region.event().seconds, region.event().variant) == (3.3, "fx, static shapes")  # what `kiln queue` adds up
