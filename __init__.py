@@ -12,22 +12,14 @@ NODE_CLASS_MAPPINGS: dict = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict = {}
 _log = _logging.getLogger("kiln")
 
-# Imported once, guarded: if the compiler cannot load (a torch too old for it, a broken install),
-# `import kiln` and ComfyUI's start-up still work, and the nodes pass models through saying why.
-compiler = None
-COMPILER_LOAD_ERROR = ""
-
 # A lone-file import of this __init__ (pytest's package setup does one) has no package to import from.
 if __package__:
-    try:
-        from . import compiler  # noqa: F811
+    from .loaded import COMPILER_LOAD_ERROR, compiler  # noqa: F401  the compiler, or why it could not load
+
+    if compiler is not None:
         from .compiler import (CompileOptions, KilnModel, KilnPlan, KilnStats, KilnUnavailable,  # noqa: F401
                                OptionsError, QuantizeError, QuantReport, compile, load_quantized, quant_report,
                                quantize, save_quantized, stats)
-    except Exception as _exc:  # noqa: BLE001  a broken or too-old torch must not break ComfyUI's start-up
-        compiler = None
-        COMPILER_LOAD_ERROR = f"Kiln's compiler could not load ({type(_exc).__name__}: {_exc})"
-        _log.error("%s; Kiln nodes will pass models through eagerly", COMPILER_LOAD_ERROR)
 
     if "comfy" in _sys.modules:  # loaded by ComfyUI as a custom node pack (ComfyUI imports comfy first)
         from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811

@@ -28,7 +28,7 @@ import torch
 
 from ..compiler.passes import PASSES
 from .kernel_timing import median_ms
-from .models import MODELS
+from ..testing.models import MODELS
 from .side_by_side import sync
 
 RESULTS = Path(__file__).resolve().parent / "results"

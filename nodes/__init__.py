@@ -2,7 +2,7 @@
 
 Each node module declares its nodes; what they share is in shared.py (widgets, the eager report, a
 workflow's cache) and plan_wrapper.py (how a Kiln plan rides on a MODEL). No node module imports
-another. The compiler is imported once, guarded, by the package: if it cannot load, the nodes still
+another. The compiler is imported once, guarded (loaded.py): if it cannot load, the nodes still
 register and pass models through, saying why in their report."""
 from . import cache_graph, compile_controlnet, compile_unet, compile_vae, quantize_model
 

@@ -39,7 +39,7 @@ class KilnCacheGraph:
         }
 
     def cache(self, model, cache="use", cache_dir="", max_gb=20.0, unique_id=None):
-        from .. import COMPILER_LOAD_ERROR, compiler
+        from ..loaded import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
             report = f"Kiln: nothing cached: {COMPILER_LOAD_ERROR}"

@@ -38,7 +38,7 @@ class KilnCompileControlNet:
         }
 
     def compile(self, control_net, mode="balanced", dynamic="auto", unique_id=None):
-        from .. import COMPILER_LOAD_ERROR, compiler
+        from ..loaded import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
             return shared.eager(control_net, COMPILER_LOAD_ERROR, "the ControlNet")

@@ -44,7 +44,7 @@ class KilnCompileUNet:
 
     def compile(self, model, mode="balanced", dynamic="auto", cuda_graphs=False, pin_shapes="", advanced="",
                 unique_id=None):
-        from .. import COMPILER_LOAD_ERROR, compiler
+        from ..loaded import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
             return shared.eager(model, COMPILER_LOAD_ERROR)

@@ -40,7 +40,7 @@ class KilnCompileVAE:
         }
 
     def compile(self, vae, mode="balanced", compile="decode", unique_id=None):
-        from .. import COMPILER_LOAD_ERROR, compiler
+        from ..loaded import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
             return shared.eager(vae, COMPILER_LOAD_ERROR, "the VAE")

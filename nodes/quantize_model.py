@@ -10,7 +10,7 @@ log = logging.getLogger("kiln")
 
 
 def _compiler():
-    from .. import COMPILER_LOAD_ERROR, compiler
+    from ..loaded import COMPILER_LOAD_ERROR, compiler
 
     if compiler is None:  # quantizing cannot pass through: the user asked for other weights
         raise RuntimeError(f"Kiln cannot quantize: {COMPILER_LOAD_ERROR}")

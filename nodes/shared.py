@@ -1,15 +1,15 @@
 """What Kiln's nodes share, so that no node imports another: their widgets (the choices and tooltips
 of choices.py), the report of a node that leaves its input eager, and the cache a workflow may use.
 
-The compiler itself is imported once, guarded, by the package (kiln/__init__.py): a node reads
-`kiln.compiler` (None if it could not load) and `kiln.COMPILER_LOAD_ERROR` when it runs.
+The compiler itself is imported once, guarded (loaded.py): a node reads `compiler` (None if it
+could not load) and `COMPILER_LOAD_ERROR` from there when it runs.
 """
 from __future__ import annotations
 
 import logging
 import os
 
-from .. import choices
+from ..choices import CACHE_MODES, COMPILE_MODES, DEFAULT_MODE, SCHEMES, tooltip
 from . import plan_wrapper
 
 log = logging.getLogger("kiln")
@@ -19,16 +19,16 @@ DYNAMIC = {"auto": None, "true": True, "false": False}  # the dynamic widget's c
 
 def mode_widget() -> tuple:
     """The compile mode widget: choices.py's modes, each described in the tooltip."""
-    return (list(choices.COMPILE_MODES), {"default": choices.DEFAULT_MODE,
-                                          "tooltip": choices.tooltip(choices.COMPILE_MODES)})
+    return (list(COMPILE_MODES), {"default": DEFAULT_MODE,
+                                          "tooltip": tooltip(COMPILE_MODES)})
 
 
 def cache_mode_widget() -> tuple:
-    return (list(choices.CACHE_MODES), {"default": "use", "tooltip": choices.tooltip(choices.CACHE_MODES)})
+    return (list(CACHE_MODES), {"default": "use", "tooltip": tooltip(CACHE_MODES)})
 
 
 def scheme_widget() -> tuple:
-    return (list(choices.SCHEMES), {"default": "int8_weight", "tooltip": choices.tooltip(choices.SCHEMES)})
+    return (list(SCHEMES), {"default": "int8_weight", "tooltip": tooltip(SCHEMES)})
 
 
 def eager(thing, reason: str, what: str = ""):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import kiln
+import kiln.loaded
 import kiln.nodes
 from kiln.compiler import OptionsError, compat
 from kiln.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
@@ -42,8 +43,8 @@ def test_old_torch_passes_the_model_through_and_says_why(monkeypatch, caplog):
 
 
 def test_compiler_import_failure_passes_the_model_through(monkeypatch):
-    monkeypatch.setattr(kiln, "compiler", None)
-    monkeypatch.setattr(kiln, "COMPILER_LOAD_ERROR", "Kiln's compiler could not load (ImportError: no custom_op)")
+    monkeypatch.setattr(kiln.loaded, "compiler", None)
+    monkeypatch.setattr(kiln.loaded, "COMPILER_LOAD_ERROR", "Kiln's compiler could not load (ImportError: no custom_op)")
     model = FakePatcher()
     out, report = KilnCompileUNet().compile(model)
     assert out is model and "could not load (ImportError: no custom_op)" in report
@@ -67,12 +68,9 @@ def test_nodes_import_only_the_compilers_public_api():
     for path in Path(kiln.nodes.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level >= 2:  # from .. / from ..x import
-                assert node.module in (None, "compiler", "events"), f"{path.name} imports ..{node.module}"
+                assert node.module in ("compiler", "loaded", "choices", "events"), f"{path.name} imports ..{node.module}"
                 if node.module == "compiler":
                     assert {a.name for a in node.names} <= public, f"{path.name}: {[a.name for a in node.names]}"
-                elif node.module is None:
-                    assert {a.name for a in node.names} <= {"compiler", "COMPILER_LOAD_ERROR", "choices"}, \
-                        f"{path.name}: {[a.name for a in node.names]}"
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "compiler":
                 assert node.attr in public, f"{path.name} uses compiler.{node.attr}"
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.benchmarks.models import MODELS
+from kiln.testing.models import MODELS
 from kiln.compiler.quantize import QuantConv2d, QuantizeError, QuantLinear, quantized_layers
 
 ALL = "min_params: 0"  # tiny models: every layer is under the default size threshold

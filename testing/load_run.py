@@ -4,7 +4,7 @@ also run without Kiln's compile nodes; every image must equal the eager one (PSN
 prompt may fail, and the number of Kiln compiles must stay bounded. Each prompt runs right before its
 eager twin, so the times compare side by side. Prints the time per prompt and every compile.
 
-    python -m kiln.benchmarks.load_run --server http://127.0.0.1:8188 \\
+    python -m kiln.testing.load_run --server http://127.0.0.1:8188 \\
         --checkpoint rand_sd15_tiny.safetensors --lora rand_lora_tiny.safetensors \\
         --controlnet my_controlnet.pth --out load-run/
 
@@ -211,7 +211,7 @@ def summarize(records: list[dict], args: argparse.Namespace, out: Path) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kiln.benchmarks.load_run", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kiln.testing.load_run", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     if args.prompts < 1:

@@ -1,4 +1,4 @@
-"""benchmarks/load_run.py's pieces, without a server: the workflow it queues, the mix of prompts, the
+"""testing/load_run.py's pieces, without a server: the workflow it queues, the mix of prompts, the
 eager twins queued in between, its PNG reader and PSNR (checked on PNGs written with every row filter), and
 the summary: each check that fails is named."""
 import argparse
@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 import pytest
 
-from kiln.benchmarks import load_run
+from kiln.testing import load_run
 from kiln.client.workflow import KILN_COMPILE_NODES, without_nodes
 from kiln.events import CompileEvent
 
