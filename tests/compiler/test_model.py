@@ -83,6 +83,22 @@ def test_a_cancel_while_pinned_shapes_compile_leaves_nothing_half_installed():
     assert info.fallback is None and info.compile_count == 1  # the dynamic graph was kept; only the pins ran again
 
 
+def test_options_objects_and_their_keyword_shorthands_are_one_plan(tmp_path):
+    """kiln.compile(module, CompileOptions(...), cache=CacheOptions(...)), or the same in keywords: the same model."""
+    module = Small()
+    compiled = kiln.compile(module, kiln.CompileOptions(mode="fast", dynamic=False),
+                            cache=kiln.CacheOptions(dir=str(tmp_path), mode="refresh"))
+    assert kiln.compile(module, "fast", dynamic=False, cache_dir=str(tmp_path), cache="refresh") is compiled
+    assert kiln.compile(module, mode="fast", dynamic=False, cache_dir=str(tmp_path), cache="refresh") is compiled
+    assert compiled.plan.compile == kiln.CompileOptions(mode="fast", dynamic=False)
+    assert compiled.plan.cache == kiln.CacheOptions(dir=str(tmp_path), mode="refresh")
+    assert kiln.compile(module, options=kiln.CompileOptions(mode="fast")).plan.cache is None
+    with pytest.raises(kiln.OptionsError, match="inside the CompileOptions"):
+        kiln.compile(module, kiln.CompileOptions(), mode="fast")
+    with pytest.raises(kiln.OptionsError, match="inside the CacheOptions"):
+        kiln.compile(module, cache=kiln.CacheOptions(), cache_dir=str(tmp_path))
+
+
 def test_same_plan_same_model_changed_plan_compiles_once_and_says_what_changed(caplog):
     module = Small()
     fast = kiln.compile(module, mode="fast")

@@ -37,6 +37,17 @@ def test_quantized_output_is_close_to_eager(model, scheme):
     assert error < BOUND[scheme], f"{scheme}: {error:.4f}"
 
 
+def test_quantize_options_and_the_keyword_shorthand_quantize_alike(model):
+    module, args, kwargs, _ = model
+    options = kiln.QuantizeOptions("int8_weight", kiln.LayerPolicy(min_params=0, keep=("conv_in",)), error_threshold=0.1)
+    by_options = kiln.quantize(module, options)
+    by_keywords = kiln.quantize(module, "int8_weight", policy="min_params: 0\nkeep: [conv_in]", error_threshold=0.1)
+    assert kiln.quant_report(by_options).as_dict() == kiln.quant_report(by_keywords).as_dict()
+    assert torch.equal(by_options(*args, **kwargs)[0], by_keywords(*args, **kwargs)[0])
+    with pytest.raises(kiln.QuantizeError, match="inside the QuantizeOptions"):
+        kiln.quantize(module, options, policy=ALL)
+
+
 def test_the_original_is_untouched(model):
     module, args, kwargs, ref = model
     before = {k: v.clone() for k, v in module.state_dict().items()}
