@@ -45,10 +45,6 @@ class KilnPlan:
             raise ValueError(f"a Kiln plan has no part {', '.join(map(repr, unknown))}; its parts are {', '.join(PARTS)}")
         return dataclasses.replace(self, **parts)
 
-    @property
-    def is_empty(self) -> bool:
-        return all(getattr(self, part) is None for part in PARTS)
-
     def as_dict(self) -> dict:
         return {name: (part.as_dict() if (part := getattr(self, name)) is not None else None) for name in PARTS}
 

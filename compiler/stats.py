@@ -72,10 +72,6 @@ class KilnStats:
     region_fallbacks: dict = field(default_factory=dict)  # region name -> why its blocks run eagerly
 
     @property
-    def cache_hits(self) -> int:
-        return sum(event.outcome == "hit" for event in self.cache)
-
-    @property
     def compile_count(self) -> int:
         return len(self.compiles)
 

@@ -418,3 +418,42 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.fake.sockets.pop(client_id, None)
             self.close_connection = True
+
+
+# ---------------------------------------------------------------------------------------------------
+# definitions from node classes, without a server (what ComfyUI's /object_info builds)
+
+def object_info_from_classes(node_class_mappings: dict, display_names: dict | None = None) -> dict:
+    """/object_info-shaped definitions built from node classes (INPUT_TYPES(), RETURN_TYPES, RETURN_NAMES,
+    OUTPUT_NODE, CATEGORY ...) the way ComfyUI's server builds them, JSON round-tripped as the server
+    sends them, so Kiln's own nodes can be checked without a server. A class whose INPUT_TYPES() needs
+    ComfyUI (its model folders) raises ImportError naming it."""
+    return {name: _node_info(name, cls, display_names or {}) for name, cls in node_class_mappings.items()}
+
+
+def _node_info(name: str, cls, display_names: dict) -> dict:
+    if hasattr(cls, "GET_NODE_INFO_V1"):  # ComfyUI's V3 node classes describe themselves
+        return json.loads(json.dumps(cls.GET_NODE_INFO_V1()))
+    try:
+        declared = cls.INPUT_TYPES()
+    except ImportError as exc:
+        raise ImportError(f"{name}.INPUT_TYPES() needs ComfyUI: {exc}") from exc
+    outputs = list(cls.RETURN_TYPES)
+    info = {
+        "input": declared,
+        "input_order": {section: list(inputs) for section, inputs in declared.items()},
+        "output": outputs,
+        "output_is_list": list(getattr(cls, "OUTPUT_IS_LIST", [False] * len(outputs))),
+        "output_name": list(getattr(cls, "RETURN_NAMES", outputs)),
+        "name": name,
+        "display_name": display_names.get(name, name),
+        "description": getattr(cls, "DESCRIPTION", ""),
+        "python_module": getattr(cls, "RELATIVE_PYTHON_MODULE", "nodes"),
+        "category": getattr(cls, "CATEGORY", "sd"),
+        "output_node": getattr(cls, "OUTPUT_NODE", False) is True,
+    }
+    for attribute, key in (("OUTPUT_TOOLTIPS", "output_tooltips"), ("DEPRECATED", "deprecated"),
+                           ("EXPERIMENTAL", "experimental")):
+        if getattr(cls, attribute, None):
+            info[key] = getattr(cls, attribute)
+    return json.loads(json.dumps(info))

@@ -122,7 +122,7 @@ def test_plan_parts_and_changes():
     assert plan.with_parts(compile=build_options("max").compile).changes_from(plan) == ['compile.mode: "balanced" -> "max"']
     with pytest.raises(ValueError, match="no part 'quantise'"):
         plan.with_parts(quantise=None)
-    assert KilnPlan().is_empty and plan.describe().startswith("compile (balanced")
+    assert KilnPlan().describe() == "nothing" and plan.describe().startswith("compile (balanced")
 
 
 def test_the_sigma_schedule_length_is_dynamic():

@@ -38,7 +38,9 @@ def test_invalid_expert_strings(text, message):
 
 
 def test_inductor_settings_are_accepted_by_name():
-    assert CompileOptions(inductor={"coordinate_descent_tuning": True, "triton.persistent_reductions": False}).inductor
+    settings = {"coordinate_descent_tuning": True, "triton.persistent_reductions": False}
+    options = CompileOptions(inductor=settings)
+    assert options.inductor == settings and options.as_dict()["inductor"] == settings
 
 
 def test_empty_expert_string_is_nothing():
