@@ -152,7 +152,7 @@ def _inductor_settings(settings: Any) -> dict[str, Any]:
     return dict(settings)
 
 
-# `cache` is the plan's cache part (compiler/cache), set from the same string: see expert_cache_options
+# `cache` is the plan's cache part (compiler/cache), set from the same string: see plan.build_options
 _EXPERT_KEYS = tuple(f.name for f in dataclasses.fields(CompileOptions)) + ("cache",)
 
 
