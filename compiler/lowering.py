@@ -6,7 +6,7 @@ graph again with static sizes?) instead of comparing mode strings.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 from ..choices import COMPILE_MODES
 from . import compat
