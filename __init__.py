@@ -1,7 +1,8 @@
 """Kiln: compile, quantize and cache diffusion models.
 
 Two ways in:
-- Python: `import kiln; unet = kiln.compile(kiln.quantize(unet))` (no ComfyUI needed).
+- Python: `import kiln; unet = kiln.compile(kiln.quantize(unet, kiln.QuantizeOptions()), kiln.CompileOptions())`
+  (no ComfyUI needed; `kiln.compile(kiln.quantize(unet))` in short).
 - ComfyUI: clone this folder into `ComfyUI/custom_nodes/`; the nodes register below.
 """
 import logging as _logging
@@ -14,13 +15,12 @@ _log = _logging.getLogger("kiln")
 
 # A lone-file import of this __init__ (pytest's package setup does one) has no package to import from.
 if __package__:
-    try:
-        from .compiler import (CompileOptions, KilnModel, KilnPlan, KilnStats, KilnUnavailable,  # noqa: F401
-                               OptionsError, QuantizeError, QuantReport, compile, load_quantized, quant_report,
-                               quantize, save_quantized, stats)
-    except Exception as _exc:  # noqa: BLE001  a broken or too-old torch must not break ComfyUI's start-up
-        _log.error("Kiln's compiler cannot load (%s: %s); Kiln nodes will pass models through eagerly",
-                   type(_exc).__name__, _exc)
+    from .loaded import COMPILER_LOAD_ERROR, compiler  # noqa: F401  the compiler, or why it could not load
+
+    if compiler is not None:
+        from .compiler import (CacheOptions, CompileOptions, KilnModel, KilnPlan, KilnStats,  # noqa: F401
+                               KilnUnavailable, LayerPolicy, OptionsError, QuantizeError, QuantizeOptions,
+                               QuantReport, compile, load_quantized, quant_report, quantize, save_quantized, stats)
 
     if "comfy" in _sys.modules:  # loaded by ComfyUI as a custom node pack (ComfyUI imports comfy first)
         from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
@@ -31,5 +31,6 @@ if __package__:
             _log.error("Kiln: %s; Kiln's nodes pass models through unchanged and say so in their report", _missing)
 
 __all__ = ["compile", "stats", "quantize", "quant_report", "save_quantized", "load_quantized", "QuantizeError",
-           "QuantReport", "CompileOptions", "KilnModel", "KilnPlan", "KilnStats", "KilnUnavailable",
-           "OptionsError", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "__version__"]
+           "QuantReport", "QuantizeOptions", "LayerPolicy", "CompileOptions", "CacheOptions", "KilnModel", "KilnPlan",
+           "KilnStats", "KilnUnavailable", "OptionsError", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS",
+           "__version__"]

@@ -10,9 +10,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kiln", description="Kiln: compile diffusion models faster.")
     commands = parser.add_subparsers(dest="command", required=True)
     from .benchmarks import bench
-    from .client import queue
+    from .client import queue, warm
     from .compiler.cache import commands as cache_commands
-    from .compiler.cache import warm
 
     bench.add_arguments(commands.add_parser("bench", help="eager vs torch.compile vs Kiln on an embedded default model"))
     cache_commands.add_arguments(commands.add_parser("cache", help="Kiln's compile cache: list, info, clear, export, import"))

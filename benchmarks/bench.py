@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from ..compiler.blocks import COMPILE_UNITS
-from .models import MODELS, SIZES
+from ..testing.models import MODELS, SIZES
 from .side_by_side import DTYPES, own_code, sync, time_interleaved
 
 

@@ -33,7 +33,7 @@ def child(args) -> dict:
     from .. import compiler as kiln
     from ..compiler import compat
     from .side_by_side import DTYPES, sync
-    from .models import MODELS
+    from ..testing.models import MODELS
 
     spec = MODELS[args.model]
     torch.manual_seed(0)
@@ -83,7 +83,7 @@ def _run_child(args, run: str, cache_dir: str, inductor_dir: str, log) -> dict:
 def run_cache_bench(args, log=print) -> dict:
     import torch
 
-    from .models import MODELS
+    from ..testing.models import MODELS
 
     work = tempfile.mkdtemp(prefix="kiln-cache-bench-")
     cache_dir = os.path.join(work, "kiln-cache")

@@ -17,7 +17,6 @@ import datetime
 import json
 import logging
 import re
-import statistics
 import sys
 import time
 import traceback
@@ -28,7 +27,9 @@ from typing import Callable, Optional
 import torch
 
 from ..compiler.passes import PASSES
-from .models import MODELS
+from .kernel_timing import median_ms
+from ..testing.models import MODELS
+from .side_by_side import sync
 
 RESULTS = Path(__file__).resolve().parent / "results"
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -142,36 +143,12 @@ class Result:
     error: Optional[str] = None
 
 
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def median_ms(fn, device, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def matmul_ceiling_tflops(device: str, tiny: bool) -> float:
     """Measured dense matmul throughput (bf16 on a GPU, fp32 on a CPU): the roofline to compare with."""
     n = 512 if tiny else 8192
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    ms = median_ms(lambda: a @ b, device, reps=10 if tiny else 50)
+    ms = median_ms(lambda: a @ b, device, warmup=3, reps=10 if tiny else 50)
     return 2 * n ** 3 / (ms / 1e3) / 1e12
 
 
@@ -201,14 +178,12 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             with torch.inference_mode():
-                _sync(device)
+                sync(device)
                 t0 = time.perf_counter()
                 out = runner(*args, **kwargs)[0]
-                _sync(device)
+                sync(device)
                 result.compile_s = time.perf_counter() - t0
-                for _ in range(3):
-                    runner(*args, **kwargs)
-                result.ms = median_ms(lambda: runner(*args, **kwargs), device, reps)
+                result.ms = median_ms(lambda: runner(*args, **kwargs), device, warmup=3, reps=reps)
             if reference is None:
                 reference, eager_ms = out.float(), result.ms
             result.rel_err = ((out.float() - reference).abs().max() / reference.abs().max()).item()

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from .side_by_side import DTYPES, own_code, sync, time_interleaved
-from .models import MODELS
+from ..testing.models import MODELS
 
 
 def _mib(module: torch.nn.Module) -> float:

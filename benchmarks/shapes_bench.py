@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 
 from .side_by_side import DTYPES, own_code, sync
-from .models import MODELS
+from ..testing.models import MODELS
 
 # (model batch, latent height, latent width): batch 1, 2, 4 with CFG, then new resolutions
 SEQUENCES = {

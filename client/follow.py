@@ -3,25 +3,26 @@ runs and how far it is (for the progress bar), what Kiln's nodes said about comp
 
 ComfyUI's JSON messages (`{"type", "data"}`) carry the prompt id. Its binary messages start with a 4-byte
 big-endian event type; type 3 is a node's progress text: a 4-byte big-endian length, the node id, then
-the text (utf-8). Kiln's nodes use it for one line per compile, e.g.
+the text (utf-8). Kiln's nodes show one line per compile there, e.g.
 'Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes): first compile', 'Kiln variant: ...' lines
 and cache hits and misses. Each line is kept behind the title and id of the node that showed it
 ('Kiln › Compile UNet (2): Kiln compiled graph 0 ...'): Compile UNet and Compile ControlNet both number
-their graphs from 0.
+their graphs from 0. Each compile also comes as its record, a JSON message of type COMPILE_EVENT
+(events.py, read by the code that wrote it): the compile time and variants are taken from those, never
+read back from the text.
 """
 from __future__ import annotations
 
 import json
-import re
 import struct
 import time
 from dataclasses import dataclass, field
 
+from ..events import COMPILE_EVENT, CompileEvent
 from .comfy import (ComfyClient, PromptFailed, PromptTimedOut, ServerAnswerError, check_record, execution_error_text,
                     optional, require, shown)
 
 PROGRESS_TEXT = 3  # ComfyUI's BinaryEventTypes.TEXT
-COMPILE_LINE = re.compile(r"(?:^|: )Kiln compiled graph \S+ in ([0-9.]+)s \(([^)]*)\)")
 QUIET_SECONDS = 10.0  # with no message for this long, the history says whether the prompt ended unseen
 HISTORY_WAIT_SECONDS = 10.0  # the history record is written just after the prompt's last message
 MAX_COUNT = 1e15  # a progress value or max past this (or NaN, or infinite) is no count of steps
@@ -37,6 +38,7 @@ class PromptRun:
     executed: list[str] = field(default_factory=list)
     cached: list[str] = field(default_factory=list)
     kiln_lines: list[str] = field(default_factory=list)
+    kiln_compiles: list[dict] = field(default_factory=list)  # {"node": its title and id, "event": a CompileEvent}
     record: dict | None = None
 
     @property
@@ -53,12 +55,12 @@ class PromptRun:
 
     @property
     def kiln_compile_seconds(self) -> float:
-        return sum(float(m.group(1)) for m in map(COMPILE_LINE.search, self.kiln_lines) if m)
+        return sum(shown["event"].seconds for shown in self.kiln_compiles)
 
     @property
     def kiln_variants(self) -> list[str]:
         """The compiles' variants ('inductor, dynamic shapes'), each once, in order."""
-        return list(dict.fromkeys(m.group(2) for m in map(COMPILE_LINE.search, self.kiln_lines) if m))
+        return list(dict.fromkeys(shown["event"].variant for shown in self.kiln_compiles))
 
 
 def follow(ws, client: ComfyClient, run: PromptRun, prompt: dict, display, deadline: float) -> PromptRun:
@@ -134,6 +136,12 @@ def _event(message: dict, run: PromptRun, prompt: dict, display) -> bool:
         node_id = str(data["node"])
         run.executed.append(node_id)
         display.node(node_id, _title(prompt, node_id))
+    elif kind == COMPILE_EVENT:
+        try:
+            event = CompileEvent.from_message(data)
+        except ValueError as exc:
+            raise ServerAnswerError(f"the server sent {exc} in {where}: {shown(data)}") from None
+        run.kiln_compiles.append({"node": _title(prompt, str(data.get("node"))), "event": event})
     elif kind == "progress":
         node_id = str(data.get("node"))
         display.step(node_id, _title(prompt, node_id), _count(data, "value", where), _count(data, "max", where))

@@ -17,6 +17,7 @@ import itertools
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from .comfy import (ComfyClient, ComfyError, ComfyUnreachable, PromptFailed, PromptRejected, PromptTimedOut,
@@ -97,12 +98,13 @@ def expand(prompt: dict, sweeps: list[tuple[str, list[str]]], repeat: int) -> li
     return jobs
 
 
-def run_all(client: ComfyClient, jobs: list[tuple[dict, dict]], args: argparse.Namespace) -> int:
-    """Queue each (swept settings, prompt) in turn and report it; args has out, json and timeout.
-    The exit status: 0 if every prompt ran, else 1."""
+def run_all(client: ComfyClient, jobs: list[tuple[dict, dict]], args: argparse.Namespace,
+            command: str = "kiln queue") -> int:
+    """Queue each (swept settings, prompt) in turn and report it; args has out, json and timeout;
+    `command` names the command in what goes wrong. The exit status: 0 if every prompt ran, else 1."""
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-    ws = _open_websocket(client)
+    ws = _open_websocket(client, command)
     results, current = [], None
     try:
         for index, (settings, prompt) in enumerate(jobs, 1):
@@ -113,7 +115,7 @@ def run_all(client: ComfyClient, jobs: list[tuple[dict, dict]], args: argparse.N
             try:
                 run.prompt_id = result.prompt_id = client.submit(prompt)
                 ws = _wait(client, ws, run, prompt, ProgressBar(f"prompt {index}/{len(jobs)}"),
-                           run.submitted + args.timeout)
+                           run.submitted + args.timeout, command)
                 _fill(result, run, ws is not None, client, args.out)
             except (PromptRejected, PromptFailed) as exc:
                 result.status, result.error = ("rejected" if isinstance(exc, PromptRejected) else "failed"), str(exc)
@@ -126,32 +128,32 @@ def run_all(client: ComfyClient, jobs: list[tuple[dict, dict]], args: argparse.N
             print(prompt_line(result, len(jobs)), flush=True)
         current = None
     except KeyboardInterrupt:
-        return _interrupted(client, current)
+        return _interrupted(client, current, command)
     except ComfyError as exc:  # an answer from the server that makes no sense (ServerAnswerError, an HTTP error)
-        return _fail(str(exc), 1)
+        return _fail(str(exc), 1, command)
     finally:
         if ws is not None:
             ws.close()
     if len(jobs) > 1:
         print("\n" + sweep_table(results))
     if len(results) < len(jobs):
-        print(f"kiln queue: stopped after prompt {len(results)} of {len(jobs)}", file=sys.stderr)
+        print(f"{command}: stopped after prompt {len(results)} of {len(jobs)}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps([r.as_json() for r in results], indent=2) + "\n")
     return 0 if len(results) == len(jobs) and all(r.status == "ok" for r in results) else 1
 
 
-def _open_websocket(client: ComfyClient):
+def _open_websocket(client: ComfyClient, command: str):
     url = client.websocket_url()
     try:
         return WebSocket.connect(url, timeout=10)
     except (OSError, WebSocketError) as exc:
-        print(f"kiln queue: cannot open ComfyUI's websocket at {url} ({exc}): following the prompts by polling "
+        print(f"{command}: cannot open ComfyUI's websocket at {url} ({exc}): following the prompts by polling "
               "/history instead (no progress, no Kiln compile lines, each prompt's total time only)", file=sys.stderr)
         return None
 
 
-def _wait(client: ComfyClient, ws, run: PromptRun, prompt: dict, bar: ProgressBar, deadline: float):
+def _wait(client: ComfyClient, ws, run: PromptRun, prompt: dict, bar: ProgressBar, deadline: float, command: str):
     """Follow the prompt to its end; the websocket to use for the next one (None once it broke)."""
     if ws is not None:
         try:
@@ -160,7 +162,7 @@ def _wait(client: ComfyClient, ws, run: PromptRun, prompt: dict, bar: ProgressBa
         except WebSocketError as exc:
             bar.done()
             ws.close()
-            print(f"kiln queue: the websocket broke ({exc}): following the prompts by polling /history from here "
+            print(f"{command}: the websocket broke ({exc}): following the prompts by polling /history from here "
                   "(no progress, no Kiln compile lines, total times only)", file=sys.stderr)
             run.started = None
         except ComfyError:
@@ -175,6 +177,7 @@ def _fill(result: Result, run: PromptRun, followed: bool, client: ComfyClient, o
     if followed:
         result.kiln_compile_seconds = run.kiln_compile_seconds if result.uses_kiln else None
         result.kiln_variants, result.kiln_lines = run.kiln_variants, run.kiln_lines
+        result.kiln_compiles = [{"node": shown["node"], "event": asdict(shown["event"])} for shown in run.kiln_compiles]
         result.nothing_ran = not run.executed
     images = output_images(run.record)
     if out:
@@ -183,19 +186,19 @@ def _fill(result: Result, run: PromptRun, followed: bool, client: ComfyClient, o
         result.images = [image["filename"] for image in images]
 
 
-def _interrupted(client: ComfyClient, run) -> int:
+def _interrupted(client: ComfyClient, run, command: str) -> int:
     if run is not None and run.prompt_id:
         try:
             client.cancel(run.prompt_id)
-            print(f"\nkiln queue: interrupted: prompt {run.prompt_id} taken off the server's queue (or stopped)",
+            print(f"\n{command}: interrupted: prompt {run.prompt_id} taken off the server's queue (or stopped)",
                   file=sys.stderr)
         except ComfyError as exc:
-            print(f"\nkiln queue: interrupted; prompt {run.prompt_id} may still be on the server ({exc})", file=sys.stderr)
+            print(f"\n{command}: interrupted; prompt {run.prompt_id} may still be on the server ({exc})", file=sys.stderr)
     else:
-        print("\nkiln queue: interrupted", file=sys.stderr)
+        print(f"\n{command}: interrupted", file=sys.stderr)
     return 130
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"kiln queue: {message}", file=sys.stderr)
+def _fail(message: str, code: int, command: str = "kiln queue") -> int:
+    print(f"{command}: {message}", file=sys.stderr)
     return code

@@ -21,6 +21,7 @@ class Result:
     kiln_compile_seconds: float | None = None
     kiln_variants: list = field(default_factory=list)
     kiln_lines: list = field(default_factory=list)
+    kiln_compiles: list = field(default_factory=list)  # {"node": title (id), "event": a CompileEvent's fields}
     images: list = field(default_factory=list)  # downloaded paths, or the server's file names
     downloaded: bool = False
     nothing_ran: bool = False  # ComfyUI's cache had every output

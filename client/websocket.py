@@ -244,9 +244,6 @@ class WebSocket:
         self.buffer += data
         return True
 
-    def send_text(self, text: str) -> None:
-        self._send(encode_frame(TEXT, text.encode(), mask=True))
-
     def _send(self, frame: bytes) -> None:
         try:
             self.sock.sendall(frame)

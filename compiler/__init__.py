@@ -3,11 +3,11 @@ from .api import compile, stats
 from .cache import (CACHE_MODES, CacheEntryError, CacheError, CacheLocationError, CacheOptions, CacheOptionsError,
                     CacheStore, CacheTrustError, cache_problem, default_cache_dir, describe_cache, server_cache_dir)
 from .method import MethodModule, label_of, method_module
-from .lowering import LOWERINGS, MODE_HELP, MODES, Lowering
+from .lowering import LOWERINGS, MODES, Lowering
 from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailable_reason
-from .options import CompileOptions, OptionsError, build_options, expert_cache_options, parse_expert_options
+from .options import CompileOptions, OptionsError, parse_expert_options
 from .passes import PASS_NAMES
-from .plan import KilnPlan
+from .plan import KilnPlan, build_options
 from .quantize import (SCHEMES, LayerPolicy, QuantizeError, QuantizeOptions, QuantReport, parse_policy, quant_report,
                        quantize)
 from .quantize import load as load_quantized
@@ -18,9 +18,9 @@ from .stats import GraphCompile, KilnStats
 
 __all__ = ["compile", "stats", "CompileOptions", "OptionsError", "ShapePolicyError", "KilnUnavailable", "KilnStats",
            "GraphCompile", "KilnModel", "MethodModule", "method_module", "label_of", "KilnPlan", "model_for", "unavailable_reason", "kernel_note",
-           "build_options", "parse_expert_options", "MODES", "MODE_HELP", "LOWERINGS", "Lowering", "PASS_NAMES",
+           "build_options", "parse_expert_options", "MODES", "LOWERINGS", "Lowering", "PASS_NAMES",
            "quantize", "quant_report", "QuantizeOptions", "QuantReport", "LayerPolicy", "parse_policy", "QuantizeError",
            "SCHEMES", "save_quantized", "load_quantized", "pop_quantized_layer", "stored_to_layer",
            "CacheOptions", "CacheOptionsError", "CACHE_MODES", "CacheStore", "CacheTrustError",
            "CacheEntryError", "CacheError", "CacheLocationError", "cache_problem", "default_cache_dir",
-           "server_cache_dir", "describe_cache", "expert_cache_options"]
+           "server_cache_dir", "describe_cache"]

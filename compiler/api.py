@@ -1,7 +1,8 @@
-"""The public API: `kiln.compile(module, ...)` and `kiln.stats(compiled)`. No ComfyUI here."""
+"""The public API: `kiln.compile(module, CompileOptions(...), cache=CacheOptions(...))` and
+`kiln.stats(compiled)`. No ComfyUI here."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -13,11 +14,12 @@ from .plan import KilnPlan
 from .stats import KilnStats
 
 
-def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[bool] = None,
-            cuda_graphs: bool = False, *, options: Optional[CompileOptions] = None,
-            progress: Optional[Progress] = None, cache_dir: Optional[str] = None, cache: str = "use",
-            cache_max_gb: float = 20.0) -> KilnModel:
-    """Compile a diffusion model (UNet or DiT) with Kiln's TorchDynamo backend.
+def compile(module: torch.nn.Module, options: Union[CompileOptions, str] = "balanced", dynamic: Optional[bool] = None,
+            cuda_graphs: bool = False, *, cache: Union[CacheOptions, str, None] = None,
+            progress: Optional[Progress] = None, cache_dir: Optional[str] = None, cache_max_gb: float = 20.0,
+            mode: Optional[str] = None) -> KilnModel:
+    """Compile a diffusion model (UNet or DiT) with Kiln's TorchDynamo backend, as `options` (a
+    CompileOptions) and `cache` (a CacheOptions, or None: no cache) say.
 
     Returns a KilnModel: a module that behaves like `module` and compiles on its first call.
     `module` keeps owning its weights: the compiled code reads them on every call, so in-place
@@ -32,13 +34,17 @@ def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[b
     Compiling the same module with the same options again returns the same KilnModel (and its
     compiled graphs); `progress` is then the new caller's.
 
-    `cache_dir` turns on Kiln's cache there ("" for the default, ~/.cache/kiln; None, the default: no
-    cache): each graph Inductor
-    lowers is stored, signed, and a later process loads it instead of compiling (`cache`: "use",
-    "refresh" to compile and replace, "off"). `kiln.stats(...).cache` says hit or miss, and why.
+    Kiln's cache stores each graph Inductor lowers, signed, and a later process loads it instead of
+    compiling (CacheOptions: `dir`, "" for the default ~/.cache/kiln; `mode` "use", "refresh" to
+    compile and replace, "off"). `kiln.stats(...).cache` says hit or miss, and why.
+
+    Shorthands, the keyword forms: `options` may be a mode name ("fast", "balanced", "max"; also
+    `mode=`) with `dynamic` and `cuda_graphs`; `cache_dir` turns the cache on there ("" for the
+    default), with `cache` its mode ("use" unless given) and `cache_max_gb` its cap.
 
     Example:
-        >>> unet = kiln.compile(unet, mode="balanced", cache_dir="")
+        >>> unet = kiln.compile(unet, kiln.CompileOptions(mode="balanced"), cache=kiln.CacheOptions())
+        >>> unet = kiln.compile(unet, "balanced", cache_dir="")  # the same, in short
         >>> with torch.no_grad():
         ...     noise_pred = unet(latents, t, encoder_hidden_states=context)
         >>> print(kiln.stats(unet).summary())
@@ -46,12 +52,31 @@ def compile(module: torch.nn.Module, mode: str = "balanced", dynamic: Optional[b
     problem = unavailable_reason()
     if problem:
         raise KilnUnavailable(problem)
-    options = options or CompileOptions(mode=mode, dynamic=dynamic, cuda_graphs=cuda_graphs)
-    if cache_dir is None and cache != "use":
-        raise OptionsError(f"cache={cache!r} needs cache_dir (\"\" for the default, ~/.cache/kiln); without it "
-                           "Kiln's cache is not used")
-    cache_options = CacheOptions(dir=cache_dir, mode=cache, max_gb=cache_max_gb) if cache_dir is not None else None
-    return model_for(module, KilnPlan(compile=options, cache=cache_options), progress=progress)
+    return model_for(module, KilnPlan(compile=_compile_options(options, mode, dynamic, cuda_graphs),
+                                      cache=_cache_options(cache, cache_dir, cache_max_gb)), progress=progress)
+
+
+def _compile_options(options, mode, dynamic, cuda_graphs) -> CompileOptions:
+    """CompileOptions from `options`, or from the keyword shorthands (a mode, dynamic, cuda_graphs)."""
+    if isinstance(options, CompileOptions):
+        if mode is not None or dynamic is not None or cuda_graphs:
+            raise OptionsError("give mode, dynamic and cuda_graphs inside the CompileOptions, not beside it")
+        return options
+    return CompileOptions(mode=mode or options, dynamic=dynamic, cuda_graphs=cuda_graphs)
+
+
+def _cache_options(cache, cache_dir, max_gb) -> Optional[CacheOptions]:
+    """The cache part: `cache` itself, or the keyword shorthands (cache_dir, a cache mode, cache_max_gb)."""
+    if isinstance(cache, CacheOptions):
+        if cache_dir is not None:
+            raise OptionsError("give the cache directory inside the CacheOptions (dir=...), not as cache_dir")
+        return cache
+    if cache_dir is None:
+        if cache not in (None, "use"):
+            raise OptionsError(f"cache={cache!r} needs cache_dir (\"\" for the default, ~/.cache/kiln); without it "
+                               "Kiln's cache is not used")
+        return None
+    return CacheOptions(dir=cache_dir, mode=cache or "use", max_gb=max_gb)
 
 
 def stats(compiled: torch.nn.Module) -> KilnStats:

@@ -13,12 +13,13 @@ from typing import Optional
 import torch
 
 from . import compat
+from .compat import is_weight
 from .cache import GraphCache, entry_fields, graph_hash
 from .cuda_graph_budget import CudaGraphBudget
 from .fusible import nothing_to_fuse
 from .options import CompileOptions
 from .passes import PASSES, PassContext, Progress, passes_uuid, run_passes
-from .shape_manager import ShapeDispatcher, is_weight
+from .shape_manager import ShapeDispatcher
 from .stats import GraphCompile, KilnStats
 
 log = logging.getLogger("kiln")

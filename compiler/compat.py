@@ -309,3 +309,9 @@ def floats_specialized():
     import torch._dynamo.config as dynamo_config
 
     return dynamo_config.patch(specialize_float=True)
+
+
+def is_weight(node: torch.fx.Node) -> bool:
+    """A placeholder of a captured graph that holds a parameter or buffer: TorchDynamo lifts them to
+    placeholders named after them (its naming rule, e.g. L__self___conv_parameters_weight_)."""
+    return "_parameters_" in node.name or "_buffers_" in node.name

@@ -6,18 +6,22 @@ graph again with static sizes?) instead of comparing mode strings.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
+from ..choices import COMPILE_MODES
 from . import compat
 
 
 @dataclass(frozen=True)
 class Lowering:
-    mode: str
-    description: str        # what the mode means, for the node's tooltip and the README
+    mode: str               # a name of choices.COMPILE_MODES, which says what it means
     uses_inductor: bool     # Inductor generates the code (so `inductor` options apply, and it fuses neighbours itself)
     can_specialise: bool    # the shape manager may lower the captured graph again with static sizes
     inductor_preset: Optional[str] = None  # torch.compile(mode=...) settings applied on top, e.g. max-autotune
+
+    @property
+    def description(self) -> str:
+        return COMPILE_MODES[self.mode]
 
     def lower(self, gm, example_inputs, options, device: str, cache_tag: str = ""):
         """(callable, name): the graph lowered for `device` with `options` (a CompileOptions).
@@ -36,13 +40,10 @@ class Lowering:
         return compiled, name
 
 
-LOWERINGS: dict[str, Lowering] = {
-    "fast": Lowering("fast", "quick compile: Kiln's rewrite passes, then the rewritten FX graph runs directly (no Inductor)",
-                     uses_inductor=False, can_specialise=False),
-    "balanced": Lowering("balanced", "default: Kiln's passes, then Inductor's default lowering",
-                         uses_inductor=True, can_specialise=True),
-    "max": Lowering("max", "longest compile, most speed: Kiln's passes, then Inductor with max-autotune",
-                    uses_inductor=True, can_specialise=True, inductor_preset="max-autotune-no-cudagraphs"),
-}
+LOWERINGS: dict[str, Lowering] = {lowering.mode: lowering for lowering in (
+    Lowering("fast", uses_inductor=False, can_specialise=False),
+    Lowering("balanced", uses_inductor=True, can_specialise=True),
+    Lowering("max", uses_inductor=True, can_specialise=True, inductor_preset="max-autotune-no-cudagraphs"),
+)}
+assert tuple(LOWERINGS) == tuple(COMPILE_MODES), "one Lowering per compile mode of choices.py, in its order"
 MODES = tuple(LOWERINGS)
-MODE_HELP = {mode: lowering.description for mode, lowering in LOWERINGS.items()}

@@ -152,8 +152,8 @@ class KilnModel(torch.nn.Module):
             log.warning("Kiln: %s", note)
             self.stats.warnings.append(note)
         cache = GraphCache(self.plan.cache) if self.plan.cache is not None else None
-        if cache is not None and not options.lowering.uses_inductor:
-            note = f"Kiln's cache stores Inductor's work; mode {options.mode!r} has none (nothing is cached)"
+        note = self.plan.cache_unused()
+        if note:
             log.info("Kiln: %s", note)
             self.stats.warnings.append(note)
         label = label_of(module)

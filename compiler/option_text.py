@@ -44,6 +44,17 @@ def shorten(value: Any) -> str:
     return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN - 3] + "..."
 
 
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """{"compile.mode": "fast", "compile.passes.fuse_geglu": "on", ...}: a nested mapping's leaves by
+    their dotted names, to say which setting differs; an empty mapping adds nothing."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
 def parse_mapping_text(text: Any, what: str, allowed: Iterable[str], error_type: type[Exception]) -> dict:
     """The mapping a JSON or YAML text holds ("" or None: {}), its keys among `allowed`.
     Anything else raises `error_type` with a message that starts with `what` ("advanced options")."""

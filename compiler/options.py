@@ -152,7 +152,7 @@ def _inductor_settings(settings: Any) -> dict[str, Any]:
     return dict(settings)
 
 
-# `cache` is the plan's cache part (compiler/cache), set from the same string: see expert_cache_options
+# `cache` is the plan's cache part (compiler/cache), set from the same string: see plan.build_options
 _EXPERT_KEYS = tuple(f.name for f in dataclasses.fields(CompileOptions)) + ("cache",)
 
 
@@ -164,32 +164,3 @@ def parse_expert_options(text: str) -> dict:
     {'passes': {'channels_last_convs': False}}
     """
     return parse_mapping_text(text, "advanced options", _EXPERT_KEYS, OptionsError)
-
-
-def build_options(mode: str = "balanced", dynamic=None, cuda_graphs: bool = False, advanced: str = "",
-                  pin_shapes: str = "", **overrides) -> CompileOptions:
-    """Widgets (or keyword arguments) plus the expert string -> validated CompileOptions.
-    The expert string wins over the widgets, keyword overrides win over both; `pin_shapes`
-    ('1024x1024, 832x1216:2') adds pinned shapes (a bad one raises ShapePolicyError naming it)."""
-    fields = {"mode": mode, "dynamic": dynamic, "cuda_graphs": cuda_graphs}
-    fields.update(parse_expert_options(advanced))
-    fields.pop("cache", None)
-    fields.update(overrides)
-    options = CompileOptions(**fields)
-    if str(pin_shapes or "").strip():
-        options = options.replace(shapes=options.shapes.with_pins(pin_shapes))
-    return options
-
-
-def expert_cache_options(advanced: str = ""):
-    """The cache part the expert string asks for (`cache: {dir: ..., mode: use, max_gb: 20}`, or
-    `cache: /some/dir`), or None. Without a dir, the CacheOptions' `dir` is "" (the caller's default)."""
-    from .cache import CacheOptions, CacheOptionsError
-
-    value = parse_expert_options(advanced).get("cache")
-    if value is None:
-        return None
-    try:
-        return CacheOptions.from_mapping(value)
-    except CacheOptionsError as exc:
-        raise OptionsError(str(exc)) from None

@@ -13,8 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .cache import CacheOptions
-from .options import CompileOptions
+from .cache import CacheOptions, CacheOptionsError
+from .option_text import flatten
+from .options import CompileOptions, OptionsError, parse_expert_options
 from .quantize import QuantizeOptions
 
 # The order a plan's parts run in, whatever order they were declared in: quantization comes before
@@ -44,10 +45,6 @@ class KilnPlan:
             raise ValueError(f"a Kiln plan has no part {', '.join(map(repr, unknown))}; its parts are {', '.join(PARTS)}")
         return dataclasses.replace(self, **parts)
 
-    @property
-    def is_empty(self) -> bool:
-        return all(getattr(self, part) is None for part in PARTS)
-
     def as_dict(self) -> dict:
         return {name: (part.as_dict() if (part := getattr(self, name)) is not None else None) for name in PARTS}
 
@@ -59,9 +56,16 @@ class KilnPlan:
 
     def changes_from(self, other: "KilnPlan") -> list[str]:
         """What differs from `other`, one 'compile.mode: balanced -> max' line per setting."""
-        before, after = _flatten(other.as_dict()), _flatten(self.as_dict())
+        before, after = flatten(other.as_dict()), flatten(self.as_dict())
         return [f"{name}: {_show(before.get(name))} -> {_show(after.get(name))}"
                 for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
+
+    def cache_unused(self) -> str:
+        """Why the plan's cache stores nothing for its compile ("" if it does, or there is no cache or
+        compile): Kiln's cache keeps Inductor's work, and a mode without Inductor has none."""
+        if self.cache is None or self.compile is None or self.compile.lowering.uses_inductor:
+            return ""
+        return f"Kiln's cache stores Inductor's work; mode {self.compile.mode!r} has none (nothing is cached)"
 
     def describe(self) -> str:
         parts = []
@@ -77,14 +81,26 @@ class KilnPlan:
         return text
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """{"compile.mode": "fast", "compile.passes.fuse_geglu": "on", ...}; an empty mapping adds nothing."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: value}
+def build_options(mode: str = "balanced", dynamic=None, cuda_graphs: bool = False, advanced: str = "",
+                  pin_shapes: str = "", **overrides) -> KilnPlan:
+    """Widgets (or keyword arguments) plus the expert string -> a KilnPlan with every part they ask
+    for: `compile` (validated CompileOptions) always, `cache` when the expert string has
+    `cache: {dir: ..., mode: use, max_gb: 20}` (or `cache: /some/dir`; without a dir its `dir` is "",
+    the caller's default). The expert string is parsed once. It wins over the widgets, keyword
+    overrides win over both; `pin_shapes` ('1024x1024, 832x1216:2') adds pinned shapes (a bad one
+    raises ShapePolicyError naming it)."""
+    fields = {"mode": mode, "dynamic": dynamic, "cuda_graphs": cuda_graphs}
+    fields.update(parse_expert_options(advanced))
+    cache = fields.pop("cache", None)
+    fields.update(overrides)
+    options = CompileOptions(**fields)
+    if str(pin_shapes or "").strip():
+        options = options.replace(shapes=options.shapes.with_pins(pin_shapes))
+    try:
+        cache_options = CacheOptions.from_mapping(cache) if cache is not None else None
+    except CacheOptionsError as exc:
+        raise OptionsError(str(exc)) from None
+    return KilnPlan(compile=options, cache=cache_options)
 
 
 def _show(value: Any) -> str:

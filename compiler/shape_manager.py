@@ -38,11 +38,6 @@ log = logging.getLogger("kiln")
 REUSED_KEPT = 256  # signatures remembered per graph for reused variants (bookkeeping only, no code)
 
 
-def is_weight(node: torch.fx.Node) -> bool:
-    """TorchDynamo lifts parameters and buffers to placeholders named after them."""
-    return "_parameters_" in node.name or "_buffers_" in node.name
-
-
 @dataclass
 class _Entry:
     run: Callable
@@ -60,7 +55,7 @@ class ShapeDispatcher:
                  policy: ShapePolicy, stats: KilnStats, graph_index: int, compile_seconds: float, progress=None,
                  compile_pinned: bool = False, cuda_graphs: Optional[CudaGraphBudget] = None):
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self._inputs = [i for i, n in enumerate(placeholders) if not is_weight(n)]
+        self._inputs = [i for i, n in enumerate(placeholders) if not compat.is_weight(n)]
         self._fakes = [compat.fake_value(n) for n in placeholders]
         tensors = [i for i in self._inputs if isinstance(self._fakes[i], torch.Tensor)]
         # the latent: the first 4-D (or 5-D video) activation; its dims are batch, channels, (frames,) H, W

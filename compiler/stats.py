@@ -5,6 +5,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from ..events import CompileEvent
+
 
 @dataclass
 class GraphCompile:
@@ -22,6 +24,11 @@ class GraphCompile:
     capture_seconds: float = 0.0    # TorchDynamo's capture before Kiln's backend got the graph
     graph_breaks: list[str] = field(default_factory=list)  # breaks hit capturing it ('where: what'); it ends at the last
     region: str = ""                # the block region it compiles ("ResnetBlock2D#2"); "" for the whole model
+
+    def event(self) -> CompileEvent:
+        """This compile as the nodes show it and `kiln queue` reads it (events.py)."""
+        return CompileEvent(self.index, round(self.capture_seconds + self.seconds, 1), self.lowering, self.dynamic,
+                            self.reason.partition("\n")[0], self.region)
 
     def line(self) -> str:
         fired = ", ".join(f"{k} x{v}" for k, v in self.rewrites.items() if v) or "none"
@@ -64,10 +71,6 @@ class KilnStats:
     regions: list = field(default_factory=list)  # compiled by blocks: the Regions (compiler/blocks.py); [] for whole
     region_fallbacks: dict = field(default_factory=dict)  # region name -> why its compile failed (its blocks run eagerly)
     regions_eager: dict = field(default_factory=dict)  # region name -> why compiling it gains nothing (it runs eagerly)
-
-    @property
-    def cache_hits(self) -> int:
-        return sum(event.outcome == "hit" for event in self.cache)
 
     @property
     def compile_count(self) -> int:

@@ -3,48 +3,10 @@ its compiled graphs instead of compiling them again."""
 from __future__ import annotations
 
 import logging
-import os
 
-from . import plan_wrapper
+from . import plan_wrapper, shared
 
 log = logging.getLogger("kiln")
-
-MODES = ("use", "refresh", "off")
-
-
-def default_dir() -> str:
-    """KILN_CACHE_DIR if the server's owner set it, else kiln-cache in ComfyUI's user directory
-    (beside its settings, outside every node pack)."""
-    import folder_paths
-
-    from ..compiler import server_cache_dir
-
-    return server_cache_dir() or os.path.join(folder_paths.get_user_directory(), "kiln-cache")
-
-
-def workflow_cache(cache_dir: str, mode: str, max_gb: float):
-    """The cache a workflow asks for. A workflow is untrusted, so its directory is confined to
-    ComfyUI's user directory and KILN_CACHE_DIR (a relative name is a folder in the user directory);
-    one outside them is not used, and the model compiles without the cache, saying why."""
-    import folder_paths
-
-    from ..compiler import CacheOptions, server_cache_dir
-
-    user = folder_paths.get_user_directory()
-    named = cache_dir  # not text: CacheOptions refuses it, naming the setting
-    if isinstance(cache_dir, str):  # a relative name joins the user directory; an absolute one stays as it is
-        named = os.path.join(user, os.path.expanduser(cache_dir.strip()) or default_dir())
-    within = (user,) + ((server_cache_dir(),) if server_cache_dir() else ())
-    return CacheOptions(dir=named, mode=mode, max_gb=max_gb, within=within)
-
-
-def show_report(report: str, problem: str, node_id) -> None:
-    """Log the cache's report; a cache that cannot be used is a warning, shown on the node at once."""
-    if problem:
-        log.warning(report)
-        plan_wrapper.show_text(str(node_id or ""), report)
-    else:
-        log.info(report)
 
 
 class KilnCacheGraph:
@@ -62,9 +24,7 @@ class KilnCacheGraph:
         return {
             "required": {
                 "model": ("MODEL",),
-                "cache": (list(MODES), {"default": "use", "tooltip":
-                          "use: load a matching entry, else compile and store; refresh: compile and replace the "
-                          "entry; off: neither read nor write"}),
+                "cache": shared.cache_mode_widget(),
             },
             "optional": {
                 "cache_dir": ("STRING", {"default": "", "tooltip":
@@ -79,7 +39,7 @@ class KilnCacheGraph:
         }
 
     def cache(self, model, cache="use", cache_dir="", max_gb=20.0, unique_id=None):
-        from . import COMPILER_LOAD_ERROR, compiler
+        from ..loaded import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
             report = f"Kiln: nothing cached: {COMPILER_LOAD_ERROR}"
@@ -91,7 +51,7 @@ class KilnCacheGraph:
             log.warning(report)
             return (model, report)
         # a bad setting raises CacheOptionsError naming it: ComfyUI shows it on the node
-        options = workflow_cache(cache_dir, cache, float(max_gb))
+        options = shared.workflow_cache(cache_dir, cache, float(max_gb))
         patched, plan, note = plan_wrapper.declare(model, show_cache_on=str(unique_id or ""), cache=options)
         name = type(model.get_model_object("diffusion_model")).__name__
         described = compiler.describe_cache(options, name)
@@ -100,7 +60,7 @@ class KilnCacheGraph:
             report += _what_comes_next(plan)
         if note:
             report += f" {note}"
-        show_report(report, problem, unique_id)
+        shared.show_report(report, problem, unique_id)
         return (patched, report)
 
 
@@ -108,9 +68,9 @@ def _what_comes_next(plan) -> str:
     if plan.compile is None:
         return (" It is used once Kiln › Compile UNet is in the chain (before or after this node); hit or miss is "
                 "decided per graph on the first sampling step, and this node and the log say which, and why.")
-    if plan.compile.lowering.uses_inductor:
-        return " Hit or miss is decided per graph on the first sampling step; this node and the log say which, and why."
-    return f" Compile mode {plan.compile.mode!r} does not use Inductor: nothing to cache."
+    if plan.cache_unused():
+        return f" {plan.cache_unused()}."
+    return " Hit or miss is decided per graph on the first sampling step; this node and the log say which, and why."
 
 
 NODE_CLASS_MAPPINGS = {"KilnCacheGraph": KilnCacheGraph}

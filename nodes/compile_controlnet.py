@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from . import plan_wrapper
-from .compile_unet import DYNAMIC, MODES
+from . import plan_wrapper, shared
+from .shared import DYNAMIC
 
 log = logging.getLogger("kiln")
 
@@ -30,8 +30,7 @@ class KilnCompileControlNet:
         return {
             "required": {
                 "control_net": ("CONTROL_NET",),
-                "mode": (list(MODES), {"default": "balanced", "tooltip":
-                         "fast: quick compile, no Inductor; balanced: default; max: longest compile, most speed"}),
+                "mode": shared.mode_widget(),
                 "dynamic": (list(DYNAMIC), {"default": "auto", "tooltip":
                             "auto: batch and resolution dynamic from the first compile; true: all dynamic; false: specialise"}),
             },
@@ -39,21 +38,21 @@ class KilnCompileControlNet:
         }
 
     def compile(self, control_net, mode="balanced", dynamic="auto", unique_id=None):
-        from . import COMPILER_LOAD_ERROR, compiler
+        from ..loaded import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
-            return _eager(control_net, COMPILER_LOAD_ERROR)
+            return shared.eager(control_net, COMPILER_LOAD_ERROR, "the ControlNet")
         # whole: by blocks is measured and tested on diffusion models (docs/compile-units.md), not yet on ControlNets
-        options = compiler.build_options(mode, DYNAMIC[dynamic], compile_unit="whole")  # a bad option raises, naming it
+        options = compiler.build_options(mode, DYNAMIC[dynamic], compile_unit="whole").compile  # a bad option raises, naming it
         unsupported = compiler.unavailable_reason() or unsupported_reason(control_net)
         if unsupported:
-            return _eager(control_net, unsupported)
+            return shared.eager(control_net, unsupported, "the ControlNet")
         network = control_net.control_model
         if isinstance(network, plan_wrapper.ShowCompiles):  # compiled before: compile the original again
             network = network.kiln_model.original
         kiln_model = compiler.model_for(network, compiler.KilnPlan(compile=options), progress=plan_wrapper.progress_bar())
         if kiln_model.stats.fallback:
-            return _eager(control_net, kiln_model.stats.fallback)
+            return shared.eager(control_net, kiln_model.stats.fallback, "the ControlNet")
         compiled = control_net.copy()
         compiled.control_model = plan_wrapper.ShowCompiles(kiln_model, str(unique_id or ""))
         report = (f"Kiln will compile {type(network).__name__} on its first sampling step: "
@@ -74,12 +73,6 @@ def unsupported_reason(control_net) -> str:
     if control_net.control_model is None:
         return f"this {kind} has no network loaded"
     return ""
-
-
-def _eager(control_net, reason: str):
-    report = f"Kiln: the ControlNet runs eagerly, nothing compiled: {reason}"
-    log.warning(report)
-    return (control_net, report)
 
 
 NODE_CLASS_MAPPINGS = {"KilnCompileControlNet": KilnCompileControlNet}

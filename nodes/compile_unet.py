@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import logging
 
-from . import cache_graph, plan_wrapper
+from . import plan_wrapper, shared
+from .shared import DYNAMIC
 
 log = logging.getLogger("kiln")
-
-MODES = ("fast", "balanced", "max")
-DYNAMIC = {"auto": None, "true": True, "false": False}
 
 
 class KilnCompileUNet:
@@ -25,8 +23,7 @@ class KilnCompileUNet:
         return {
             "required": {
                 "model": ("MODEL",),
-                "mode": (list(MODES), {"default": "balanced", "tooltip":
-                         "fast: quick compile, no Inductor; balanced: default; max: longest compile, most speed"}),
+                "mode": shared.mode_widget(),
                 "dynamic": (list(DYNAMIC), {"default": "auto", "tooltip":
                             "auto: any batch size from the first compile, other sizes dynamic once they change; true: all dynamic; false: specialise"}),
                 "cuda_graphs": ("BOOLEAN", {"default": False, "tooltip": "capture CUDA graphs (CUDA only)"}),
@@ -47,39 +44,32 @@ class KilnCompileUNet:
 
     def compile(self, model, mode="balanced", dynamic="auto", cuda_graphs=False, pin_shapes="", advanced="",
                 unique_id=None):
-        from . import COMPILER_LOAD_ERROR, compiler
+        from ..loaded import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
-            return self._eager(model, COMPILER_LOAD_ERROR)
+            return shared.eager(model, COMPILER_LOAD_ERROR)
         # a bad option raises OptionsError (or ShapePolicyError) naming it: ComfyUI shows it on the node
-        options = compiler.build_options(mode, DYNAMIC[dynamic], cuda_graphs, advanced, pin_shapes=pin_shapes)
+        asked = compiler.build_options(mode, DYNAMIC[dynamic], cuda_graphs, advanced, pin_shapes=pin_shapes)
         unavailable = compiler.unavailable_reason() or plan_wrapper.missing_extension_points()
         if unavailable:
-            return self._eager(model, unavailable)
-        cache = compiler.expert_cache_options(advanced)
-        if cache is not None:  # confined as Kiln › Cache Graph's directory is
-            cache = cache_graph.workflow_cache(cache.dir, cache.mode, cache.max_gb)
-        parts = {"compile": options, **({"cache": cache} if cache is not None else {})}
+            return shared.eager(model, unavailable)
+        parts = {"compile": asked.compile}
+        if asked.cache is not None:  # confined as Kiln › Cache Graph's directory is
+            parts["cache"] = shared.workflow_cache(asked.cache.dir, asked.cache.mode, asked.cache.max_gb)
         patched, plan, note = plan_wrapper.declare(model, show_compile_on=str(unique_id or ""), **parts)
         kiln_model = compiler.model_for(model.get_model_object("diffusion_model"), plan)
         if kiln_model.stats.fallback:  # this model already failed to compile under this plan
-            return self._eager(model, kiln_model.stats.fallback)
+            return shared.eager(model, kiln_model.stats.fallback)
         notes = [note, compiler.kernel_note(str(getattr(model, "load_device", "cpu")))]
         report = (f"Kiln will run {type(kiln_model.original).__name__}'s plan on its first sampling step: {plan.describe()}."
                   f"{''.join(' ' + n for n in notes if n)}")
-        if options.shapes.pin:
-            report += f" Pinned shapes, compiled with it: {', '.join(map(str, options.shapes.pin))}."
+        if asked.compile.shapes.pin:
+            report += f" Pinned shapes, compiled with it: {', '.join(map(str, asked.compile.shapes.pin))}."
         problem = compiler.cache_problem(plan.cache) if plan.cache is not None else ""  # its own, or Cache Graph's
         if problem:
             report += f" Kiln's cache cannot be used: {problem}. It compiles without it."
-        cache_graph.show_report(report, problem, unique_id)
+        shared.show_report(report, problem, unique_id)
         return (patched, report)
-
-    @staticmethod
-    def _eager(model, reason: str):
-        report = f"Kiln: running eagerly, nothing compiled: {reason}"
-        log.warning(report)
-        return (model, report)
 
 
 NODE_CLASS_MAPPINGS = {"KilnCompileUNet": KilnCompileUNet}

@@ -11,8 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 
-from . import plan_wrapper
-from .compile_unet import MODES
+from . import plan_wrapper, shared
 
 log = logging.getLogger("kiln")
 
@@ -33,8 +32,7 @@ class KilnCompileVAE:
         return {
             "required": {
                 "vae": ("VAE",),
-                "mode": (list(MODES), {"default": "balanced", "tooltip":
-                         "fast: quick compile, no Inductor; balanced: default; max: longest compile, most speed"}),
+                "mode": shared.mode_widget(),
                 "compile": (list(PARTS), {"default": "decode", "tooltip":
                             "which of the VAE's methods to compile: decode (txt2img), encode (img2img, inpaint) or both"}),
             },
@@ -42,14 +40,14 @@ class KilnCompileVAE:
         }
 
     def compile(self, vae, mode="balanced", compile="decode", unique_id=None):
-        from . import COMPILER_LOAD_ERROR, compiler
+        from ..loaded import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
-            return _eager(vae, COMPILER_LOAD_ERROR)
+            return shared.eager(vae, COMPILER_LOAD_ERROR, "the VAE")
         # whole: by blocks is measured and tested on diffusion models (docs/compile-units.md), not yet on VAEs
-        options = compiler.build_options(mode, compile_unit="whole")  # a bad option raises, naming it
+        options = compiler.build_options(mode, compile_unit="whole").compile  # a bad option raises, naming it
         if compiler.unavailable_reason():
-            return _eager(vae, compiler.unavailable_reason())
+            return shared.eager(vae, compiler.unavailable_reason(), "the VAE")
         module = getattr(vae, "first_stage_model", None)
         if module is None:
             raise RuntimeError("Kiln › Compile VAE: this VAE has no weights (its loader found no VAE in the file)")
@@ -60,18 +58,12 @@ class KilnCompileVAE:
             kiln_model = compiler.model_for(compiler.method_module(module, method), plan,
                                             progress=plan_wrapper.progress_bar())
             if kiln_model.stats.fallback:  # this VAE already failed to compile under these options
-                return _eager(vae, kiln_model.stats.fallback)
+                return shared.eager(vae, kiln_model.stats.fallback, "the VAE")
             compiled.patcher.add_object_patch(method, plan_wrapper.ShowCompiles(kiln_model, str(unique_id or "")))
         report = (f"Kiln will compile {type(module).__name__}'s {' and '.join(PARTS[compile])} on first use: "
                   f"{plan.describe()}. Other image and tile sizes run on the same dynamic graph.")
         log.info(report)
         return (compiled, report)
-
-
-def _eager(vae, reason: str):
-    report = f"Kiln: the VAE runs eagerly, nothing compiled: {reason}"
-    log.warning(report)
-    return (vae, report)
 
 
 NODE_CLASS_MAPPINGS = {"KilnCompileVAE": KilnCompileVAE}

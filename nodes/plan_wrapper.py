@@ -111,26 +111,17 @@ def compile_mark(stats) -> tuple[int, int]:
 
 
 def show_compiles_since(node_id: str, stats, mark: tuple[int, int]) -> None:
-    """Show the compiles and new shape variants since `mark` on the node `node_id` (none: nothing)."""
+    """Show the compiles and new shape variants since `mark` on the node `node_id` (none: nothing), and
+    send each compile's record (events.py) to the client that queued the prompt."""
     compiles, variants = mark
-    lines = [compile_line(c) for c in stats.compiles[compiles:]]
+    events = [graph.event() for graph in stats.compiles[compiles:]]
+    lines = [event.line() for event in events]
     if lines and compiles == 0 and stats.regions:
         lines.insert(0, f"Kiln compiles by blocks: {stats.units_line()}")
     lines += [f"Kiln variant: {v.line()}" for v in stats.variants[variants:] if v.how != "reused"]
     if node_id and lines:
         show_text(node_id, "\n".join(lines))
-
-
-def compile_line(graph) -> str:
-    """One compile as Compile UNet shows it, and as `kiln queue` reads it back (its time and variant):
-    'Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes): first compile', with 'for region
-    ResnetBlock2D#1' before the colon when the model compiles by blocks. A recompile's reason is
-    the failed guard with its source line; the stack trace TorchDynamo adds under it is in the log."""
-    shapes = "dynamic shapes" if graph.dynamic else "static shapes"
-    reason = graph.reason.partition("\n")[0]
-    region = f" for region {graph.region}" if graph.region else ""
-    return (f"Kiln compiled graph {graph.index} in {graph.capture_seconds + graph.seconds:.1f}s "
-            f"({graph.lowering}, {shapes}){region}: {reason}")
+        send_events(node_id, events)
 
 
 def _install(model_patcher, wrapper) -> str:
@@ -149,12 +140,31 @@ def _install(model_patcher, wrapper) -> str:
 def show_text(node_id: str, text: str) -> None:
     """Show `text` on a node in ComfyUI's UI (its progress text, as core's Get Image Size does).
     Headless (no server running), the log already has it."""
+    server = _prompt_server()
+    if server is not None:
+        server.send_progress_text(text, node_id)
+
+
+def send_events(node_id: str, events: list) -> None:
+    """Send each CompileEvent to the client that queued the running prompt, as a COMPILE_EVENT
+    websocket message (what `kiln queue` reads; ComfyUI's page passes it by)."""
+    from ..events import COMPILE_EVENT
+
+    server = _prompt_server()
+    if server is None:
+        return
+    for event in events:
+        server.send_sync(COMPILE_EVENT, event.message(str(getattr(server, "last_prompt_id", "") or ""), node_id),
+                         getattr(server, "client_id", None))
+
+
+def _prompt_server():
+    """ComfyUI's running PromptServer, or None (headless, or no ComfyUI server in this process)."""
     try:
         from server import PromptServer
     except ImportError:
-        return
-    if getattr(PromptServer, "instance", None) is not None:
-        PromptServer.instance.send_progress_text(text, node_id)
+        return None
+    return getattr(PromptServer, "instance", None)
 
 
 def progress_bar(work: str = "compile"):

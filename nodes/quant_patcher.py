@@ -38,9 +38,8 @@ def quantized_model(model, options, calibrate=None, progress=None):
     comfy.model_management.load_models_gpu([model], force_patch_weights=True)
     base = model.model
     patched = {k[len(DIFFUSION_PREFIX):] for k in model.patches if k.startswith(DIFFUSION_PREFIX)}
-    quantized = quantize(base.diffusion_model, options.scheme, options.policy, calibrate=calibrate,
-                         error_threshold=options.error_threshold, device=model.offload_device, share_kept=True,
-                         copy_kept=patched, progress=progress)
+    quantized = quantize(base.diffusion_model, options, calibrate=calibrate, device=model.offload_device,
+                         share_kept=True, copy_kept=patched, progress=progress)
     report = quantized.kiln_quant_report
     if patched:
         report.notes.append(f"{len(patched)} weight patches made before this node (LoRA, merges) are baked in")

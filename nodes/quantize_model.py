@@ -4,15 +4,13 @@ from __future__ import annotations
 import logging
 import os
 
-from . import plan_wrapper, quant_patcher
+from . import plan_wrapper, quant_patcher, shared
 
 log = logging.getLogger("kiln")
 
-SCHEMES = ("int8_weight", "int8_dynamic", "fp8_e4m3")
-
 
 def _compiler():
-    from . import COMPILER_LOAD_ERROR, compiler
+    from ..loaded import COMPILER_LOAD_ERROR, compiler
 
     if compiler is None:  # quantizing cannot pass through: the user asked for other weights
         raise RuntimeError(f"Kiln cannot quantize: {COMPILER_LOAD_ERROR}")
@@ -33,9 +31,7 @@ class KilnQuantizeModel:
         return {
             "required": {
                 "model": ("MODEL",),
-                "scheme": (list(SCHEMES), {"default": "int8_weight", "tooltip":
-                           "int8_weight: int8 weights, float activations; int8_dynamic: int8 weights and activations "
-                           "(int8 GEMM); fp8_e4m3: ComfyUI's fp8 format (fp8 GEMM on RTX 40xx/H100 and newer)"}),
+                "scheme": shared.scheme_widget(),
             },
             "optional": {
                 "policy": ("STRING", {"multiline": True, "default": "", "tooltip":

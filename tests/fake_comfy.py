@@ -22,6 +22,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from kiln.client.websocket import CLOSE, TEXT, accept_key, encode_frame, parse_frame
+from kiln.events import COMPILE_EVENT, CompileEvent
 
 # Core definitions as ComfyUI 0.8's /object_info gives them (tooltips left out).
 OBJECT_INFO = {
@@ -181,18 +182,19 @@ def http_answer(body: bytes, status: str = "200 OK", length: int | None = None,
             f"{len(body) if length is None else length}\r\nConnection: close\r\n\r\n").encode() + body
 
 
-def kiln_compile_text(prompt: dict) -> str:
-    """What Kiln › Compile UNet shows on itself for a prompt: a compile for each new batch size."""
+def kiln_compile_text(prompt: dict) -> list:
+    """What Kiln › Compile UNet shows on itself for a prompt: a compile for each new batch size (a
+    CompileEvent: its line is shown, and the record sent as Kiln's node sends it), then text lines."""
     batch = prompt["5"]["inputs"]["batch_size"]
-    return (f"Kiln compiled graph 0 in {1.5 * batch:.1f}s (inductor, dynamic shapes): first compile at batch {batch}\n"
-            f"Kiln variant: graph 0 compiled for batch {2 * batch}, latent 8x8 in {1.5 * batch:.1f}s\n"
-            "cache miss for graph 0 (no entry), stored a 1.0 MiB entry")
+    return [CompileEvent(0, 1.5 * batch, "inductor", True, f"first compile at batch {batch}"),
+            f"Kiln variant: graph 0 compiled for batch {2 * batch}, latent 8x8 in {1.5 * batch:.1f}s",
+            "cache miss for graph 0 (no entry), stored a 1.0 MiB entry"]
 
 
 class FakeComfy:
     """Behaviour, set before queueing: reject (the JSON POST /prompt answers with status 400), fail_on (a node
     id that raises), hang (prompts never start), silent_end (a prompt's last messages are lost; its history
-    has it), websocket (False: /ws is refused), kiln_text (prompt -> the text Kiln's node shows, or None),
+    has it), websocket (False: /ws is refused), kiln_text (prompt -> what Kiln's node shows: CompileEvents and lines of text, or None),
     step_seconds (per sampling step). A broken or hostile server: answers (endpoint, e.g. "/object_info",
     "/prompt", "/history", "/view" -> the raw bytes sent instead of its answer, then the connection is
     closed), edit_record (a history record -> what /history gives in its place), ws_frames (raw bytes
@@ -293,7 +295,10 @@ class FakeComfy:
                 for step in range(1, steps + 1):
                     send("progress", value=step, max=steps, node=node_id)
                     if step == 1 and text and kiln:
-                        self.send_progress_text(client_id, kiln[0], text)
+                        self.send_progress_text(client_id, kiln[0], "\n".join(
+                            line.line() if isinstance(line, CompileEvent) else line for line in text))
+                        for event in (line for line in text if isinstance(line, CompileEvent)):
+                            self.send(client_id, COMPILE_EVENT, event.message(prompt_id, kiln[0]))
                     if step == 1:  # what is not Kiln's text: another node's, and a preview image
                         self.send_progress_text(client_id, "5", "width: 64, height: 64")
                         self._frame(client_id, 0x2, struct.pack(">I", 1) + struct.pack(">I", 1) + b"JPEG...")
@@ -413,3 +418,42 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.fake.sockets.pop(client_id, None)
             self.close_connection = True
+
+
+# ---------------------------------------------------------------------------------------------------
+# definitions from node classes, without a server (what ComfyUI's /object_info builds)
+
+def object_info_from_classes(node_class_mappings: dict, display_names: dict | None = None) -> dict:
+    """/object_info-shaped definitions built from node classes (INPUT_TYPES(), RETURN_TYPES, RETURN_NAMES,
+    OUTPUT_NODE, CATEGORY ...) the way ComfyUI's server builds them, JSON round-tripped as the server
+    sends them, so Kiln's own nodes can be checked without a server. A class whose INPUT_TYPES() needs
+    ComfyUI (its model folders) raises ImportError naming it."""
+    return {name: _node_info(name, cls, display_names or {}) for name, cls in node_class_mappings.items()}
+
+
+def _node_info(name: str, cls, display_names: dict) -> dict:
+    if hasattr(cls, "GET_NODE_INFO_V1"):  # ComfyUI's V3 node classes describe themselves
+        return json.loads(json.dumps(cls.GET_NODE_INFO_V1()))
+    try:
+        declared = cls.INPUT_TYPES()
+    except ImportError as exc:
+        raise ImportError(f"{name}.INPUT_TYPES() needs ComfyUI: {exc}") from exc
+    outputs = list(cls.RETURN_TYPES)
+    info = {
+        "input": declared,
+        "input_order": {section: list(inputs) for section, inputs in declared.items()},
+        "output": outputs,
+        "output_is_list": list(getattr(cls, "OUTPUT_IS_LIST", [False] * len(outputs))),
+        "output_name": list(getattr(cls, "RETURN_NAMES", outputs)),
+        "name": name,
+        "display_name": display_names.get(name, name),
+        "description": getattr(cls, "DESCRIPTION", ""),
+        "python_module": getattr(cls, "RELATIVE_PYTHON_MODULE", "nodes"),
+        "category": getattr(cls, "CATEGORY", "sd"),
+        "output_node": getattr(cls, "OUTPUT_NODE", False) is True,
+    }
+    for attribute, key in (("OUTPUT_TOOLTIPS", "output_tooltips"), ("DEPRECATED", "deprecated"),
+                           ("EXPERIMENTAL", "experimental")):
+        if getattr(cls, attribute, None):
+            info[key] = getattr(cls, attribute)
+    return json.loads(json.dumps(info))

@@ -11,3 +11,10 @@ KERNEL_DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_I
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """Max absolute difference relative to the reference's max magnitude."""
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12)).item()
+
+
+def psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Peak signal-to-noise ratio in dB over the reference's range."""
+    mse = torch.mean((out.float() - ref.float()) ** 2).item()
+    peak = (ref.max() - ref.min()).item()
+    return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(peak ** 2 / mse)).item()

@@ -19,6 +19,8 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from ..option_text import flatten
+
 # the part of the package whose code ends up in (or decides) compiled graphs
 _SOURCE_DIRS = ("compiler", "kernels")
 
@@ -126,20 +128,10 @@ def entry_key(fields: dict[str, Any]) -> str:
 def differences(wanted: dict[str, Any], stored: dict[str, Any]) -> list[str]:
     """'torch: 2.12.0 -> 2.13.0' for each keyed field that differs (stored -> wanted); nested
     fields by their dotted name ('options.passes.fuse_geglu: unset -> "off"')."""
-    wanted, stored = _flatten(wanted), _flatten(stored)
+    wanted, stored = flatten(wanted), flatten(stored)
     names = sorted(name for name in set(wanted) | set(stored) if name.split(".")[0] not in _NOT_KEYED)
     return [f"{name}: {_short(stored.get(name, 'unset'))} -> {_short(wanted.get(name, 'unset'))}" for name in names
             if wanted.get(name, "unset") != stored.get(name, "unset")]
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """{"options.passes.fuse_geglu": "off", ...}; an empty mapping adds nothing."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for name, item in value.items():
-            out.update(_flatten(item, f"{prefix}.{name}" if prefix else str(name)))
-        return out
-    return {prefix: value}
 
 
 def explain_miss(wanted: dict[str, Any], stored: Iterable[dict[str, Any]]) -> str:

@@ -6,13 +6,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ... import choices
 from ..option_text import check_keys, shorten
 from . import location
 from .location import default_cache_dir
 from .store import CacheStore
 
-CACHE_MODES = ("use", "refresh", "off")
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CACHE_MODES = tuple(choices.CACHE_MODES)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # real: a linked install too
 _FIELDS = ("dir", "mode", "max_gb")
 MAX_GB = 1024.0 ** 2        # a PiB: past it the number is a typo, not a disk
 MAX_PATH_CHARS = 4096       # PATH_MAX on Linux

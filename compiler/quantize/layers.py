@@ -93,9 +93,6 @@ class _QuantLayer(torch.nn.Module):
             self.weight_scale = self.weight_scale.to(scale)
         return self
 
-    def weight_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.weight_scale, self.bias) if t is not None)
-
 
 class QuantLinear(_QuantLayer):
     """y = x @ W^T + b with W stored quantized. x: (..., in_features) -> (..., out_features), x's dtype."""

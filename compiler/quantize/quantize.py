@@ -1,4 +1,4 @@
-"""`quantize(module, scheme, policy)`: a quantized copy of a diffusion model; the original is untouched."""
+"""`quantize(module, QuantizeOptions(...))`: a quantized copy of a diffusion model; the original is untouched."""
 from __future__ import annotations
 
 import copy
@@ -42,20 +42,24 @@ class QuantizeOptions:
                 "error_threshold": self.error_threshold}
 
 
-def quantize(module: torch.nn.Module, scheme: Union[str, Scheme] = "int8_weight",
+def quantize(module: torch.nn.Module, options: Union[QuantizeOptions, str, Scheme] = "int8_weight",
              policy: Union[LayerPolicy, str, dict, None] = None, *, calibrate: Optional[Callable[[], Any]] = None,
-             error_threshold: float = 0.05, device: Optional[Union[str, torch.device]] = None,
+             error_threshold: Optional[float] = None, device: Optional[Union[str, torch.device]] = None,
              share_kept: bool = False, copy_kept: Collection[str] = (), progress: Optional[Progress] = None
              ) -> torch.nn.Module:
-    """A copy of `module` with its Linear (and Conv2d) layers quantized under `scheme`; `module` itself
-    is never changed. The copy's `kiln_quant_report` (a QuantReport) says what was done.
+    """A copy of `module` with its Linear (and Conv2d) layers quantized as `options` (a
+    QuantizeOptions) says; `module` itself is never changed. The copy's `kiln_quant_report` (a
+    QuantReport) says what was done.
 
-    scheme: "int8_weight" | "int8_dynamic" | "fp8_e4m3" (compiler/quantize/scheme.py).
-    policy: which layers stay in high precision: a LayerPolicy, its YAML text or a dict
-        (compiler/quantize/policy.py); None: the model family's defaults.
+    options: QuantizeOptions(scheme, policy, calibration_steps, error_threshold): the scheme,
+        "int8_weight" | "int8_dynamic" | "fp8_e4m3" (compiler/quantize/scheme.py); which layers stay
+        in high precision (a LayerPolicy, compiler/quantize/policy.py; the default: the model family's
+        defaults); and the error above which a calibrated layer stays in high precision. In short,
+        the keyword forms: the scheme's name, with `policy` (a LayerPolicy, its YAML text or a dict)
+        and `error_threshold` (default 0.05) beside it.
     calibrate: a function that runs `module` for a few denoising steps on real inputs; each
-        candidate layer's output error when quantized is measured on them and layers above
-        `error_threshold` (relative L2) stay in high precision. The report then has the measured
+        candidate layer's output error when quantized is measured on them and layers above the
+        error threshold (relative L2) stay in high precision. The report then has the measured
         per-layer and whole-model errors.
     device: where the quantized weights go (default: where each weight is).
     share_kept: the layers kept in high precision share their tensors' storage with `module`
@@ -64,10 +68,17 @@ def quantize(module: torch.nn.Module, scheme: Union[str, Scheme] = "int8_weight"
         the parameters named in `copy_kept`, which are copied.
 
     Example:
-        >>> unet8 = kiln.quantize(unet, "int8_dynamic", policy="min_params: 0")
+        >>> unet8 = kiln.quantize(unet, kiln.QuantizeOptions("int8_dynamic", kiln.LayerPolicy(min_params=0)))
+        >>> unet8 = kiln.quantize(unet, "int8_dynamic", policy="min_params: 0")  # the same, in short
         >>> print(unet8.kiln_quant_report.summary())
         >>> unet8 = kiln.compile(unet8)  # the compiler sees kiln:: ops; one graph for every shape
     """
+    if isinstance(options, QuantizeOptions):
+        if policy is not None or error_threshold is not None:
+            raise QuantizeError("give the policy and error_threshold inside the QuantizeOptions, not beside it")
+        scheme, policy, error_threshold = options.scheme, options.policy, options.error_threshold
+    else:
+        scheme, error_threshold = options, QuantizeOptions.error_threshold if error_threshold is None else error_threshold
     scheme = scheme_named(scheme) if isinstance(scheme, str) else scheme
     policy = _as_policy(policy)
     if quantized_layers(module):

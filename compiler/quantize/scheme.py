@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ... import choices
 # the kernels' own constants: the largest stored magnitudes, and the scale of an all-zero channel
 from ...kernels.quant import EPS as _TINY
 from ...kernels.quant import FP8_MAX, INT8_MAX
@@ -38,7 +39,6 @@ class Scheme:
     linear_op: str
     file_format: str
     file_key: str
-    help: str
 
     @property
     def qmax(self) -> float:
@@ -89,13 +89,11 @@ def _rounding_noise(scaled: torch.Tensor, storage: torch.dtype, seed: int) -> to
 
 
 SCHEMES: dict[str, Scheme] = {s.name: s for s in (
-    Scheme("int8_weight", torch.int8, True, "int8_weight_linear", "kiln_int8_weight", "kiln_quant",
-           "int8 weights (per-channel scale), activations in high precision: half of fp16's weight memory"),
-    Scheme("int8_dynamic", torch.int8, True, "int8_dynamic_linear", "kiln_int8_dynamic", "kiln_quant",
-           "int8 weights and int8 activations (per-token scale, quantized at run time), int8 GEMM"),
-    Scheme("fp8_e4m3", torch.float8_e4m3fn, False, "fp8_weight_linear", "float8_e4m3fn", "comfy_quant",
-           "float8 e4m3 weights (per-tensor scale) in ComfyUI's own fp8 format; fp8 GEMM on sm_89+"),
+    Scheme("int8_weight", torch.int8, True, "int8_weight_linear", "kiln_int8_weight", "kiln_quant"),
+    Scheme("int8_dynamic", torch.int8, True, "int8_dynamic_linear", "kiln_int8_dynamic", "kiln_quant"),
+    Scheme("fp8_e4m3", torch.float8_e4m3fn, False, "fp8_weight_linear", "float8_e4m3fn", "comfy_quant"),
 )}
+assert tuple(SCHEMES) == tuple(choices.SCHEMES), "one Scheme per scheme of choices.py, in its order"
 
 
 class QuantizeError(ValueError):

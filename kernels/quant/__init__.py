@@ -11,8 +11,8 @@ compiler/quantize's QuantLinear layers call these by name (torch.ops.kiln.<op>).
 from ._gemm import EPS, FP8_MAX, INT8_MAX
 from .int8_dynamic_linear import (int8_dynamic_linear, int8_dynamic_linear_ref, int8_dynamic_linear_triton,
                                   int8_mm_scaled, int8_mm_scaled_ref, int8_mm_scaled_triton)
-from .int8_weight_linear import (fp8_weight_linear, fp8_weight_linear_ref, fp8_weight_linear_triton,
-                                 int8_weight_linear, int8_weight_linear_ref, int8_weight_linear_triton)
+from .fp8_weight_linear import fp8_weight_linear, fp8_weight_linear_ref, fp8_weight_linear_triton
+from .int8_weight_linear import int8_weight_linear, int8_weight_linear_ref, int8_weight_linear_triton
 from .quantize_per_token import quantize_per_token, quantize_per_token_ref, quantize_per_token_triton
 
 __all__ = ["EPS", "FP8_MAX", "INT8_MAX",

@@ -1,30 +1,22 @@
-"""Weight-only quantized Linear: int8 (kiln::int8_weight_linear) or float8 e4m3 (kiln::fp8_weight_linear)
-weights, activations in high precision; one Triton GEMM dequantizes the weight tile as it loads it.
+"""Weight-only int8 Linear (kiln::int8_weight_linear): int8 weights, activations in high precision;
+one Triton GEMM dequantizes the weight tile as it loads it. fp8_weight_linear.py runs the same
+kernel on float8 e4m3 weights.
 
     int8_weight_linear(x (..., K) float, weight (N, K) int8, scale (N,) float32, bias (N,) | None)
         -> (..., N) in x.dtype = (x @ weight.T) * scale + bias
-    fp8_weight_linear(x (..., K) float, weight (N, K) float8_e4m3fn, scale () or (1,) float32, bias)
-        -> (..., N) in x.dtype = (x @ weight.T) * scale + bias      (ComfyUI's fp8: one scale per tensor)
 
 The kernel (`_weight_only_linear_kernel`) loads an int8 or fp8 (BLOCK_K, BLOCK_N) tile of W^T,
 converts it to x's dtype (exact: |int8| <= 127 and every e4m3 value fit fp16 and bf16), runs
 tl.dot into an fp32 accumulator, and in the epilogue multiplies by the scale (per channel or per
 tensor), adds the bias and stores x's dtype. No dequantized weight is ever written to memory.
 It is autotuned over WEIGHT_ONLY_CONFIGS keyed on (N, K); each config's shared memory fits sm_89's
-99 KiB (checked by compiling every entry of gpu_builds()).
+99 KiB (checked by compiling every entry of gpu_builds(), int8 and fp8 storage).
 
-Which path runs where (`int8_path` / `fp8_path` decide; each fallback says so once in the log):
+Which path runs where (`int8_path` decides; a fallback says so once in the log):
     CPU (any dtype)                    reference: dequantize to fp32, F.linear in fp32, cast back.
-    CUDA, fp16/bf16 x, Triton          int8: the Triton kernel.
+    CUDA, fp16/bf16 x, Triton          the Triton kernel.
     CUDA, fp32 x or no Triton          dequantize the weight to x's dtype, then F.linear (cuBLAS;
                                        one weight-sized temporary per call).
-    fp8, CUDA sm_89+, K % 16 == N % 16 == 0
-                                       torch._scaled_mm: x quantized per tensor to e4m3 at run time
-                                       (scale_x = amax(|x|) / 448) and an fp8 x fp8 tensor-core GEMM
-                                       with both scales and the bias (fp16/bf16 x) applied by cuBLASLt.
-    fp8, CUDA sm_89+, other K or N     the Triton kernel with fp8 storage (fp16/bf16 x; Triton's
-                                       fp8e4nv needs sm_89), else dequantize + F.linear.
-    fp8, CUDA before sm_89             dequantize to x's dtype + F.linear.
 
 Why not `torch._weight_int8pack_mm` as the CPU fast path: measured in this torch (2.13, CPU
 capability AVX2), bf16 x with K not a multiple of 16 segfaults (x (5, 33), w (7, 33)) or returns
@@ -42,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from .._build import KernelBuild
-from .._library import define_op, log_once, triton_available, use_triton
-from ._gemm import EPS, FP8_MAX, GemmConfig, autotuned, cdiv, interpreting, triton_dtype
+from .._library import define_op, log_once, use_triton
+from ._gemm import GemmConfig, autotuned, cdiv, interpreting, triton_dtype
 
 # Sensible for A100/H100 (and the 99 KiB of an sm_89 card): fp16/bf16 x tile plus an 8-bit weight tile per stage.
 WEIGHT_ONLY_CONFIGS = [
@@ -53,7 +45,6 @@ WEIGHT_ONLY_CONFIGS = [
     GemmConfig(64, 64, 64, 4, 4),
 ]
 GEMM_DTYPES = (torch.float16, torch.bfloat16)  # activations the Triton path takes on CUDA
-SCALED_MM_ALIGN = 16                           # torch._scaled_mm wants K and N multiples of 16
 
 
 def int8_weight_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -63,12 +54,7 @@ def int8_weight_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.T
     return F.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)
 
 
-def fp8_weight_linear_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                          bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return int8_weight_linear_ref(x, weight, scale, bias)
-
-
-def _dequant_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor]):
+def dequant_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor]):
     """CUDA fallback: dequantize the weight to x's dtype, then F.linear (cuBLAS in x's dtype)."""
     w = (weight.to(torch.float32) * scale.float().reshape(-1, 1)).to(x.dtype)
     return F.linear(x, w, None if bias is None else bias.to(x.dtype))
@@ -127,7 +113,7 @@ def _build_kernels(interpret: bool):
     return _weight_only_linear_kernel, autotuned(_weight_only_linear_kernel, WEIGHT_ONLY_CONFIGS, interpret)
 
 
-def _weight_only_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+def weight_only_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                                bias: Optional[torch.Tensor]) -> torch.Tensor:
     K = x.shape[-1]
     N = weight.shape[0]
@@ -155,31 +141,7 @@ def int8_weight_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torc
                               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Launch the Triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1)."""
     assert weight.dtype == torch.int8, f"int8_weight_linear takes int8 weights, got {weight.dtype}"
-    return _weight_only_linear_triton(x, weight, scale, bias)
-
-
-def fp8_weight_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                             bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The same kernel with float8_e4m3fn weights and one scale (sm_89+ on CUDA; any CPU under the interpreter)."""
-    assert weight.dtype == torch.float8_e4m3fn, f"fp8_weight_linear takes float8_e4m3fn weights, got {weight.dtype}"
-    assert scale.numel() == 1, f"fp8_weight_linear takes one per-tensor scale, got {tuple(scale.shape)}"
-    return _weight_only_linear_triton(x, weight, scale, bias)
-
-
-def fp8_weight_linear_scaled_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """CUDA sm_89+, K and N multiples of 16: x quantized per tensor to e4m3 now, fp8 x fp8 GEMM by cuBLASLt."""
-    K = x.shape[-1]
-    N = weight.shape[0]
-    rows = x.reshape(-1, K)
-    scale_x = (rows.abs().amax().float() / FP8_MAX).clamp_min(EPS)
-    x_fp8 = (rows.float() / scale_x).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    fused_bias = bias is not None and x.dtype in GEMM_DTYPES
-    out = torch._scaled_mm(x_fp8, weight.contiguous().t(), scale_a=scale_x, scale_b=scale.float().reshape(()),
-                           bias=bias.to(x.dtype) if fused_bias else None, out_dtype=x.dtype)
-    if bias is not None and not fused_bias:
-        out = out + bias.to(x.dtype)
-    return out.view(*x.shape[:-1], N)
+    return weight_only_linear_triton(x, weight, scale, bias)
 
 
 def int8_path(x: torch.Tensor) -> str:
@@ -193,22 +155,7 @@ def int8_path(x: torch.Tensor) -> str:
     return "dequant"
 
 
-def fp8_path(device_type: str, capability: tuple[int, int], dtype: torch.dtype, K: int, N: int,
-             triton_ok: bool) -> str:
-    """"scaled_mm", "triton", "dequant" or "reference" for these inputs: see the module docstring."""
-    if device_type != "cuda":
-        return "reference"
-    if capability >= (8, 9):
-        if K % SCALED_MM_ALIGN == 0 and N % SCALED_MM_ALIGN == 0 and hasattr(torch, "_scaled_mm"):
-            return "scaled_mm"
-        if dtype in GEMM_DTYPES and triton_ok:
-            return "triton"
-    return "dequant"
-
-
-_INT8_PATHS = {"triton": int8_weight_linear_triton, "dequant": _dequant_linear, "reference": int8_weight_linear_ref}
-_FP8_PATHS = {"scaled_mm": fp8_weight_linear_scaled_mm, "triton": fp8_weight_linear_triton,
-              "dequant": _dequant_linear, "reference": fp8_weight_linear_ref}
+_INT8_PATHS = {"triton": int8_weight_linear_triton, "dequant": dequant_linear, "reference": int8_weight_linear_ref}
 
 
 def _int8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -216,36 +163,19 @@ def _int8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     return _INT8_PATHS[int8_path(x)](x, weight, scale, bias)
 
 
-def _fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                       bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    cuda = x.device.type == "cuda"
-    path = fp8_path(x.device.type, torch.cuda.get_device_capability(x.device) if cuda else (0, 0), x.dtype,
-                    x.shape[-1], weight.shape[0], cuda and triton_available())
-    if path == "dequant":
-        log_once("fp8_weight_linear dequant", "kiln::fp8_weight_linear: no fp8 GEMM for these inputs (before sm_89, "
-                 "fp32 activations or no Triton): the weight is dequantized per call, then F.linear")
-    return _FP8_PATHS[path](x, weight, scale, bias)
-
-
-def _weight_linear_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+def weight_linear_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                         bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     torch._check(weight.dim() == 2 and weight.shape[1] == x.shape[-1],
                  lambda: f"weight must be (N, {x.shape[-1]}), got {tuple(weight.shape)}")
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-int8_weight_linear_op = define_op("int8_weight_linear", _int8_weight_linear, _weight_linear_fake)
-fp8_weight_linear_op = define_op("fp8_weight_linear", _fp8_weight_linear, _weight_linear_fake)
+int8_weight_linear_op = define_op("int8_weight_linear", _int8_weight_linear, weight_linear_fake)
 
 
 def int8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                        bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     return torch.ops.kiln.int8_weight_linear(x, weight, scale, bias)
-
-
-def fp8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                      bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return torch.ops.kiln.fp8_weight_linear(x, weight, scale, bias)
 
 
 def gpu_builds() -> list[KernelBuild]:

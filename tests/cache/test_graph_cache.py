@@ -152,8 +152,8 @@ def test_the_plan_carries_the_cache_and_says_what_changed(tmp_path):
     import kiln
     from kiln.compiler import KilnPlan, OptionsError, build_options
 
-    plan = KilnPlan().with_parts(compile=build_options("balanced"), cache=CacheOptions(dir=str(tmp_path)))
-    assert plan == KilnPlan().with_parts(cache=CacheOptions(dir=str(tmp_path)), compile=build_options("balanced"))
+    plan = KilnPlan().with_parts(compile=build_options("balanced").compile, cache=CacheOptions(dir=str(tmp_path)))
+    assert plan == KilnPlan().with_parts(cache=CacheOptions(dir=str(tmp_path)), compile=build_options("balanced").compile)
     assert f"with Kiln's cache (use, {tmp_path})" in plan.describe()
     refresh = plan.with_parts(cache=CacheOptions(dir=str(tmp_path), mode="refresh"))
     assert refresh.changes_from(plan) == ['cache.mode: "use" -> "refresh"']
@@ -166,17 +166,17 @@ def test_the_plan_carries_the_cache_and_says_what_changed(tmp_path):
 
 
 def test_the_compile_nodes_expert_string_sets_the_cache():
-    from kiln.compiler import OptionsError, build_options, expert_cache_options
+    from kiln.compiler import OptionsError, build_options
 
     text = "mode: max\ncache: {dir: /tmp/kiln-yaml, max_gb: 5}"
-    assert expert_cache_options(text) == CacheOptions(dir="/tmp/kiln-yaml", max_gb=5)
-    assert build_options(advanced=text).mode == "max"  # the compile options ignore the cache key
-    assert expert_cache_options("cache: /tmp/elsewhere").root == "/tmp/elsewhere"
-    assert expert_cache_options("passes: {fuse_geglu: off}") is None
+    assert build_options(advanced=text).cache == CacheOptions(dir="/tmp/kiln-yaml", max_gb=5)
+    assert build_options(advanced=text).compile.mode == "max"  # the compile options ignore the cache key
+    assert build_options(advanced="cache: /tmp/elsewhere").cache.root == "/tmp/elsewhere"
+    assert build_options(advanced="passes: {fuse_geglu: off}").cache is None
     with pytest.raises(OptionsError, match="cache: unknown key"):
-        expert_cache_options("cache: {size: 3}")
+        build_options(advanced="cache: {size: 3}").cache
     with pytest.raises(OptionsError, match="cache mode 'sometimes'"):
-        expert_cache_options("cache: {mode: sometimes}")
+        build_options(advanced="cache: {mode: sometimes}").cache
 
 
 def test_a_hit_that_cannot_be_unpacked_degrades_with_one_warning(tmp_path, monkeypatch, caplog):

@@ -131,6 +131,6 @@ def test_kiln_warm_says_what_the_server_sent(tmp_path, capsys):
         fake.answers["/history"] = http_answer(b'{"oops": ')
         assert main(["warm", str(path), "--server", fake.url, "--shapes", "64x64"]) == 1
     captured = capsys.readouterr()
-    assert captured.out.splitlines()[-1].startswith("kiln warm: the server sent /history/") and "Traceback" not in (
+    assert captured.err.splitlines()[-1].startswith("kiln warm: the server sent /history/") and "Traceback" not in (
         captured.out + captured.err)
-    assert "'s answer not as JSON (JSONDecodeError: " in captured.out
+    assert "'s answer not as JSON (JSONDecodeError: " in captured.err

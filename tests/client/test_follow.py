@@ -72,3 +72,63 @@ def test_the_progress_bar_takes_any_numbers(value, maximum, filled):
     stream = Terminal()
     ProgressBar("prompt 1/1", stream).step("3", "KSampler (3)", value, maximum)
     assert f"[{'#' * filled}{'-' * (WIDTH - filled)}]  {value}/{maximum}" in stream.getvalue()
+
+
+def test_a_compile_round_trips_from_the_node_to_kiln_queue(monkeypatch):
+    """What Compile UNet shows and sends for a compile (nodes/plan_wrapper.py) is what `kiln queue` reads:
+    the line on the node, behind its title, and the record (events.py) its time and variant come from."""
+    import struct
+    import sys
+    import types
+
+    from kiln.client.follow import _progress_text
+    from kiln.compiler.stats import GraphCompile, KilnStats
+    from kiln.events import COMPILE_EVENT
+    from kiln.nodes import plan_wrapper
+
+    sent = []
+
+    class Server:  # ComfyUI's PromptServer: what the node calls, as the server puts it on the websocket
+        client_id, last_prompt_id = "me", "p1"
+
+        def send_progress_text(self, text, node_id):
+            node = node_id.encode()
+            sent.append(struct.pack(">II", 3, len(node)) + node + text.encode())
+
+        def send_sync(self, event, data, sid=None):
+            assert sid == "me"
+            sent.append(json.dumps({"type": event, "data": data}))
+
+    monkeypatch.setitem(sys.modules, "server", types.SimpleNamespace(PromptServer=types.SimpleNamespace(instance=Server())))
+    stats = KilnStats(options={})
+    stats.compiles.append(GraphCompile(index=0, reason="first compile\nUser stack trace: ...", lowering="inductor",
+                                       input_shapes=[[2, 4, 8, 8]], nodes=9, rewrites={}, skipped={}, seconds=30.04,
+                                       dynamic=True, capture_seconds=4.2, region="ResBlock#1"))
+    plan_wrapper.show_compiles_since("2", stats, (0, 0))
+
+    prompt = {"2": {"class_type": "KilnCompileUNet", "_meta": {"title": "Kiln › Compile UNet"}}}
+    run, display = PromptRun("p1", 0.0, started=0.0), Display()
+    display.note = lambda line: None
+    for message in sent:
+        if isinstance(message, bytes):
+            _progress_text(message, run, {"2": "Kiln › Compile UNet (2)"}, display)
+        else:
+            assert _event(json_message(message), run, prompt, display) is False
+    line = "Kiln compiled graph 0 in 34.2s (inductor, dynamic shapes) for region ResBlock#1: first compile"
+    assert run.kiln_lines == [f"Kiln › Compile UNet (2): {line}"]
+    assert [shown["event"] for shown in run.kiln_compiles] == [stats.compiles[0].event()]
+    assert run.kiln_compiles[0]["node"] == "Kiln › Compile UNet (2)" and run.kiln_compiles[0]["event"].line() == line
+    assert (run.kiln_compile_seconds, run.kiln_variants) == (34.2, ["inductor, dynamic shapes"])
+    assert json.loads(sent[1])["type"] == COMPILE_EVENT
+
+
+@pytest.mark.parametrize("event, says", [
+    (None, "without its record"),
+    ({"index": 0, "seconds": "1.5", "lowering": "fx", "dynamic": True, "reason": "x"}, "'seconds' is '1.5'"),
+    ({"index": True, "seconds": 1.5, "lowering": "fx", "dynamic": True, "reason": "x"}, "'index' is True"),
+    ({"index": 0, "seconds": 1.5, "lowering": "fx", "reason": "x"}, "'dynamic' is None"),
+])
+def test_a_compile_event_that_is_no_record_says_what_the_server_sent(event, says):
+    message = {"type": "kiln.compile", "data": {"prompt_id": "p1", "node": "2", "event": event}}
+    with pytest.raises(ServerAnswerError, match="^the server sent a Kiln compile event .*" + says):
+        _event(json_message(json.dumps(message)), PromptRun("p1", 0.0), {}, Display())

@@ -14,6 +14,7 @@ from fake_comfy import API_PROMPT, UI_WORKFLOW, FakeComfy, http_answer
 from kiln.cli import main
 from kiln.client.comfy import shown
 from kiln.client.websocket import CONTINUATION, TEXT, encode_frame
+from kiln.events import CompileEvent
 
 
 @pytest.fixture
@@ -55,8 +56,8 @@ def test_a_prompt_runs_and_its_images_are_downloaded(comfy, workflow, tmp_path, 
 
 
 def test_a_sweep_queues_every_combination_and_prints_a_table(comfy, workflow, capsys):
-    compiled = "Kiln compiled graph 0 in 2.0s (fx, static shapes): new batch"
-    comfy.kiln_text = lambda prompt: None if prompt["3"]["inputs"]["seed"] == 2 else compiled
+    compiled = CompileEvent(0, 2.0, "fx", False, "new batch")
+    comfy.kiln_text = lambda prompt: None if prompt["3"]["inputs"]["seed"] == 2 else [compiled]
     assert queue(workflow, "--server", comfy.url, "--sweep", "3.seed=1,2", "--sweep", "5.batch_size=1,2",
                  "--set", "3.steps=2") == 0
     sent = [(p["3"]["inputs"]["seed"], p["5"]["inputs"]["batch_size"], p["3"]["inputs"]["steps"]) for _, p in comfy.prompts]

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fake_comfy import OBJECT_INFO, UI_EXPECTED, UI_WORKFLOW, out, socket, ui_node
-from kiln.client.workflow import (KILN_COMPILE_NODES, WorkflowError, check_prompt, is_ui_format,
-                                  object_info_from_classes, ui_to_api, without_nodes)
+from fake_comfy import OBJECT_INFO, UI_EXPECTED, UI_WORKFLOW, object_info_from_classes, out, socket, ui_node
+from kiln.client.workflow import KILN_COMPILE_NODES, WorkflowError, check_prompt, is_ui_format, ui_to_api, without_nodes
 
 
 def test_a_ui_workflow_converts_as_the_frontend_does():

@@ -1,8 +1,7 @@
 """Kiln › Compile UNet shows each compile and new shape variant on itself in ComfyUI's UI (progress
-text to its node id), in the form `kiln queue` reads back. Runs when COMFYUI_PATH points at a ComfyUI
-tree; skips otherwise."""
+text to its node id), and sends each compile's record (events.py), which `kiln queue` reads. Runs when
+COMFYUI_PATH points at a ComfyUI tree; skips otherwise."""
 import os
-import re
 
 import pytest
 
@@ -15,21 +14,19 @@ from kiln.nodes import plan_wrapper  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from comfy_testing import make_tiny_sd15_patcher, sample  # noqa: E402
 
-COMPILE_LINE = re.compile(r"^Kiln compiled graph (\d+) in ([0-9.]+)s \((fx|inductor[^,]*), (dynamic|static) shapes\)"
-                          r"(?: for region (\S+))?: (.+)$")
-
 
 def test_compile_unet_shows_its_compiles_then_nothing_for_a_reused_shape(monkeypatch):
-    shown = []
+    shown, sent = [], []
     monkeypatch.setattr(plan_wrapper, "show_text", lambda node, text: shown.append((node, text)))
+    monkeypatch.setattr(plan_wrapper, "send_events", lambda node, events: sent.extend((node, e) for e in events))
     model, _ = KilnCompileUNet().compile(make_tiny_sd15_patcher(seed=1), mode="fast", unique_id="11")
     sample(model, steps=1)
-    assert shown and {node for node, _ in shown} == {"11"}
+    assert shown and {node for node, _ in shown} == {"11"} == {node for node, _ in sent}
     lines = [line for _, text in shown for line in text.splitlines()]
-    compiles = [COMPILE_LINE.match(line) for line in lines if line.startswith("Kiln compiled graph")]
-    assert compiles and all(compiles), lines
-    assert compiles[0].group(3) == "fx" and compiles[0].group(6) == "first compile"
-    assert compiles[0].group(5) == "ResBlock#1" and lines[0].startswith("Kiln compiles by blocks: 17 blocks in 11 regions")
+    events = [event for _, event in sent]
+    assert [line for line in lines if line.startswith("Kiln compiled graph")] == [event.line() for event in events]
+    assert events[0].lowering == "fx" and events[0].reason == "first compile"
+    assert events[0].region == "ResBlock#1" and lines[0].startswith("Kiln compiles by blocks: 17 blocks in 11 regions")
     shown.clear()
     sample(model, steps=1)  # the same shape again: nothing compiled, nothing shown
-    assert shown == []
+    assert shown == [] and len(sent) == len(events)

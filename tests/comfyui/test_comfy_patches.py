@@ -28,7 +28,7 @@ from kiln.compiler import model_for  # noqa: E402
 from kiln.nodes.compile_controlnet import KilnCompileControlNet  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from comfy_testing import TINY_SD15, make_tiny_controlnet, make_tiny_sd15_patcher  # noqa: E402
-from testing_utils import rel_err  # noqa: E402
+from testing_utils import psnr, rel_err  # noqa: E402
 
 # num_res_blocks per level, as ComfyUI's model detection writes it: its LoRA key map needs the list
 TINY = dict(TINY_SD15, num_res_blocks=[1, 1])
@@ -39,13 +39,6 @@ ATTN2_BLOCKS = [("input", 1, 32), ("input", 3, 64), ("middle", 0, 64), ("output"
 MIN_PSNR = 40.0
 UNIT = {"compile_unit": "whole"}  # set per run of the module by the `unit` fixture
 ROWS = []  # one line per case, printed at the end of the module (pytest -s)
-
-
-def psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Peak signal-to-noise ratio in dB over the reference's range."""
-    mse = torch.mean((out.float() - ref.float()) ** 2).item()
-    peak = (ref.max() - ref.min()).item()
-    return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(peak ** 2 / mse)).item()
 
 
 @pytest.fixture(autouse=True)

@@ -21,18 +21,12 @@ from kiln.nodes.compile_controlnet import KilnCompileControlNet  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.compile_vae import KilnCompileVAE  # noqa: E402
 from comfy_testing import make_tiny_controlnet, make_tiny_sd15_patcher  # noqa: E402
+from testing_utils import psnr  # noqa: E402
 
 # 4 levels of 32 channels: the 8x compression ComfyUI's VAE code assumes, at a tiny size
 TINY_VAE = {"params": {"embed_dim": 4, "ddconfig": {
     "double_z": True, "z_channels": 4, "resolution": 64, "in_channels": 3, "out_ch": 3, "ch": 32,
     "ch_mult": [1, 1, 1, 1], "num_res_blocks": 1, "attn_resolutions": [], "dropout": 0.0}}}
-
-
-def psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Peak signal-to-noise ratio in dB over the reference's range."""
-    mse = torch.mean((out.float() - ref.float()) ** 2).item()
-    peak = (ref.max() - ref.min()).item()
-    return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(peak ** 2 / mse)).item()
 
 
 @pytest.fixture(autouse=True)

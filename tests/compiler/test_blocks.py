@@ -84,7 +84,7 @@ def test_a_model_without_block_lists_has_no_regions():
     ("flux", {"FluxTransformerBlock", "FluxSingleTransformerBlock"}),
 ])
 def test_real_architectures_are_cut_at_their_repeated_blocks(name, classes):
-    from kiln.benchmarks.models import MODELS
+    from kiln.testing.models import MODELS
 
     with torch.device("meta"):
         model = MODELS[name].build("full", device="meta")

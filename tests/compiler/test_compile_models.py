@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.benchmarks.models import MODELS
+from kiln.testing.models import MODELS
 from kiln.compiler import PASS_NAMES
 from testing_utils import rel_err
 

@@ -28,7 +28,7 @@ def test_settings_that_are_not_tuning_are_refused_naming_the_key(name, value):
     assert name in inductor_config.get_config_copy()  # a real Inductor setting: refused by the allowlist, not by a typo
     with pytest.raises(OptionsError, match=rf"^inductor\.{name.replace('.', '[.]')}: a workflow may change only "
                                            r"Inductor's tuning settings.*; allowed: max_autotune, ") as caught:
-        build_options("balanced", advanced=f"inductor: {{{name}: {value!r}}}".replace("None", "null"))
+        build_options("balanced", advanced=f"inductor: {{{name}: {value!r}}}".replace("None", "null")).compile
     assert "coordinate_descent_tuning" in str(caught.value)
 
 
@@ -40,7 +40,7 @@ def test_settings_kiln_owns_point_to_its_option(name):
 
 def test_an_allowed_tuning_setting_still_works():
     options = build_options("max", advanced='{"inductor": {"coordinate_descent_tuning": true, '
-                                           '"max_autotune_gemm_backends": "ATEN,TRITON", "max_fusion_size": 128}}')
+                                           '"max_autotune_gemm_backends": "ATEN,TRITON", "max_fusion_size": 128}}').compile
     assert options.inductor == {"coordinate_descent_tuning": True, "max_autotune_gemm_backends": "ATEN,TRITON",
                                 "max_fusion_size": 128}
 

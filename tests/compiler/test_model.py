@@ -65,7 +65,7 @@ def test_a_cancel_while_pinned_shapes_compile_leaves_nothing_half_installed():
     pinned shapes (inside the compiled call, not TorchDynamo's backend): the signature it was adding
     is dropped, so the next call compiles the pins again."""
     module = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.SiLU(), torch.nn.Conv2d(8, 4, 3, padding=1))
-    compiled = kiln.compile(module, options=build_options("balanced", pin_shapes="64x64:3"))
+    compiled = kiln.compile(module, options=build_options("balanced", pin_shapes="64x64:3").compile)
 
     def cancel(what, done, total):
         if what.startswith("specialising pinned"):
@@ -83,15 +83,31 @@ def test_a_cancel_while_pinned_shapes_compile_leaves_nothing_half_installed():
     assert info.fallback is None and info.compile_count == 1  # the dynamic graph was kept; only the pins ran again
 
 
+def test_options_objects_and_their_keyword_shorthands_are_one_plan(tmp_path):
+    """kiln.compile(module, CompileOptions(...), cache=CacheOptions(...)), or the same in keywords: the same model."""
+    module = Small()
+    compiled = kiln.compile(module, kiln.CompileOptions(mode="fast", dynamic=False),
+                            cache=kiln.CacheOptions(dir=str(tmp_path), mode="refresh"))
+    assert kiln.compile(module, "fast", dynamic=False, cache_dir=str(tmp_path), cache="refresh") is compiled
+    assert kiln.compile(module, mode="fast", dynamic=False, cache_dir=str(tmp_path), cache="refresh") is compiled
+    assert compiled.plan.compile == kiln.CompileOptions(mode="fast", dynamic=False)
+    assert compiled.plan.cache == kiln.CacheOptions(dir=str(tmp_path), mode="refresh")
+    assert kiln.compile(module, options=kiln.CompileOptions(mode="fast")).plan.cache is None
+    with pytest.raises(kiln.OptionsError, match="inside the CompileOptions"):
+        kiln.compile(module, kiln.CompileOptions(), mode="fast")
+    with pytest.raises(kiln.OptionsError, match="inside the CacheOptions"):
+        kiln.compile(module, cache=kiln.CacheOptions(), cache_dir=str(tmp_path))
+
+
 def test_same_plan_same_model_changed_plan_compiles_once_and_says_what_changed(caplog):
     module = Small()
     fast = kiln.compile(module, mode="fast")
     assert kiln.compile(module, mode="fast") is fast
-    assert model_for(module, KilnPlan(compile=build_options("fast"))) is fast  # the nodes' way in: the same handle
+    assert model_for(module, KilnPlan(compile=build_options("fast").compile)) is fast  # the nodes' way in: the same handle
     x = torch.randn(3, 32)
     fast(x)
     with caplog.at_level(logging.INFO, logger="kiln"):
-        other = kiln.compile(module, options=build_options("fast", passes={"canonicalize_attention": "off"}))
+        other = kiln.compile(module, options=build_options("fast", passes={"canonicalize_attention": "off"}).compile)
     assert other is not fast
     assert 'has a new plan (compile.passes.canonicalize_attention: unset -> "off")' in caplog.text
     other(x)
@@ -100,13 +116,13 @@ def test_same_plan_same_model_changed_plan_compiles_once_and_says_what_changed(c
 
 
 def test_plan_parts_and_changes():
-    plan = KilnPlan().with_parts(compile=build_options("balanced"))
-    assert plan == KilnPlan(compile=build_options("balanced")) and plan.key == KilnPlan(compile=build_options("balanced")).key
+    plan = KilnPlan().with_parts(compile=build_options("balanced").compile)
+    assert plan == KilnPlan(compile=build_options("balanced").compile) and plan.key == KilnPlan(compile=build_options("balanced").compile).key
     assert plan.changes_from(KilnPlan()) and 'compile.mode: unset -> "balanced"' in plan.changes_from(KilnPlan())
-    assert plan.with_parts(compile=build_options("max")).changes_from(plan) == ['compile.mode: "balanced" -> "max"']
+    assert plan.with_parts(compile=build_options("max").compile).changes_from(plan) == ['compile.mode: "balanced" -> "max"']
     with pytest.raises(ValueError, match="no part 'quantise'"):
         plan.with_parts(quantise=None)
-    assert KilnPlan().is_empty and plan.describe().startswith("compile (balanced")
+    assert KilnPlan().describe() == "nothing" and plan.describe().startswith("compile (balanced")
 
 
 def test_the_sigma_schedule_length_is_dynamic():

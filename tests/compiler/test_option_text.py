@@ -7,7 +7,7 @@ import time
 import pytest
 import yaml
 
-from kiln.compiler import OptionsError, build_options, expert_cache_options, parse_expert_options, parse_policy
+from kiln.compiler import OptionsError, build_options, parse_expert_options, parse_policy
 from kiln.compiler.inductor_settings import KILN_OWNED, TUNING
 from kiln.compiler.option_text import MAX_DEPTH, MAX_TEXT_CHARS, parse_mapping_text, shorten
 from kiln.compiler.passes import PASS_NAMES
@@ -35,7 +35,7 @@ def test_parses_json_or_yaml_mappings_of_known_keys():
 
 @pytest.mark.parametrize("parse, text, error", [
     (parse_policy, f"keep: {ALIAS_BOMB}", QuantizeError),
-    (lambda text: build_options(advanced=text), f"shapes: {{pin: {ALIAS_BOMB}}}", OptionsError),
+    (lambda text: build_options(advanced=text).compile, f"shapes: {{pin: {ALIAS_BOMB}}}", OptionsError),
 ], ids=["policy-keep", "advanced-shapes-pin"])
 def test_a_yaml_alias_bomb_is_refused_at_once_with_a_short_message(parse, text, error):
     assert len(text) < 400 and "*h" in text
@@ -85,7 +85,7 @@ def test_messages_shorten_values():
         parse_expert_options("? " + huge.removeprefix("min_params: ") + "\n: x")  # the same int as a key
     assert len(shorten("x" * 100_000)) < 80 and len(shorten([[["x"] * 1000] * 1000])) < 80
     with pytest.raises(OptionsError) as caught:
-        build_options(advanced=json.dumps({"mode": "x" * 50_000}))
+        build_options(advanced=json.dumps({"mode": "x" * 50_000})).compile
     assert len(str(caught.value)) < 200
 
 
@@ -115,7 +115,7 @@ def test_every_field_takes_any_value_without_a_python_error(value):
     """Each field, set to each odd value, as JSON: the options (or the policy) or the project's error naming the key."""
     for path in _ADVANCED_FIELDS:
         text = json.dumps(_nest(path, value))
-        for run in (lambda: build_options("balanced", advanced=text), lambda: expert_cache_options(text)):
+        for run in (lambda: build_options("balanced", advanced=text).compile, lambda: build_options(advanced=text).cache):
             try:
                 run()
             except OptionsError as exc:
@@ -200,8 +200,8 @@ def test_fuzzed_option_text_raises_only_the_projects_errors():
     escaped = []
     for _ in range(3000):
         text = _case(rng)
-        for run, allowed in ((lambda: build_options(rng.choice(("fast", "balanced", "max")), advanced=text), OptionsError),
-                             (lambda: expert_cache_options(text), OptionsError),
+        for run, allowed in ((lambda: build_options(rng.choice(("fast", "balanced", "max")), advanced=text).compile, OptionsError),
+                             (lambda: build_options(advanced=text).cache, OptionsError),
                              (lambda: parse_policy(text), QuantizeError)):
             try:
                 run()

@@ -10,7 +10,7 @@ def test_defaults_are_balanced():
 
 @pytest.mark.parametrize("text", ['{"passes": {"fuse_geglu": "on"}}', "passes:\n  fuse_geglu: on\n"])
 def test_expert_string_json_or_yaml(text):
-    opts = build_options("fast", advanced=text)  # YAML's bare `on` is a boolean: read as the switch "on"
+    opts = build_options("fast", advanced=text).compile  # YAML's bare `on` is a boolean: read as the switch "on"
     assert opts.passes == {"fuse_geglu": "on"} and opts.mode == "fast"
 
 
@@ -38,7 +38,9 @@ def test_invalid_expert_strings(text, message):
 
 
 def test_inductor_settings_are_accepted_by_name():
-    assert CompileOptions(inductor={"coordinate_descent_tuning": True, "triton.persistent_reductions": False}).inductor
+    settings = {"coordinate_descent_tuning": True, "triton.persistent_reductions": False}
+    options = CompileOptions(inductor=settings)
+    assert options.inductor == settings and options.as_dict()["inductor"] == settings
 
 
 def test_empty_expert_string_is_nothing():
@@ -62,12 +64,12 @@ def test_every_mistyped_option_is_an_options_error_naming_its_key(advanced, key)
     """Each of these raised TypeError (not iterable, unhashable) or was accepted; now the key, the value
     (shortened) and what is allowed."""
     with pytest.raises(OptionsError, match="^" + key) as caught:
-        build_options("balanced", advanced=advanced)
+        build_options("balanced", advanced=advanced).compile
     assert len(str(caught.value)) < 400
 
 
 def test_empty_sections_are_empty():
-    options = build_options("balanced", advanced="passes:\ninductor:\nshapes:\n")
+    options = build_options("balanced", advanced="passes:\ninductor:\nshapes:\n").compile
     assert options.passes == {} and options.inductor == {} and options.shapes == CompileOptions().shapes
 
 
@@ -75,7 +77,7 @@ def test_empty_sections_are_empty():
     ('{dir: "kiln\\0cache"}', "^cache"), ("{mode: [1]}", "^cache mode"), ("5", "^cache"), ("{max_gb: .inf}", "^cache max_gb"),
     ("{max_gb: 1" + ":59" * 800 + "}", "^cache")])  # YAML base 60: an int too large for a float
 def test_bad_cache_settings_in_the_expert_string_are_options_errors(cache, message):
-    from kiln.compiler import expert_cache_options
+    from kiln.compiler import build_options
 
     with pytest.raises(OptionsError, match=message):
-        expert_cache_options(f"cache: {cache}")
+        build_options(advanced=f"cache: {cache}").cache

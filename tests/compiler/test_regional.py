@@ -201,7 +201,7 @@ def test_the_cache_stores_one_entry_per_region_and_a_new_process_loads_them(tmp_
 def test_kiln_s_passes_run_on_each_region_s_graph():
     """SDXL's layout (its transformer blocks split into identical BasicTransformerBlocks): every GEGLU
     of one block of each region is rewritten; the other blocks of a region run that same graph."""
-    from kiln.benchmarks.models import MODELS
+    from kiln.testing.models import MODELS
 
     spec = MODELS["sdxl"]
     unet = spec.build("tiny")

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.benchmarks.models import MODELS
+from kiln.testing.models import MODELS
 from kiln.compiler import Lowering, build_options
 from testing_utils import rel_err
 
@@ -39,7 +39,7 @@ def _by_how(info):
 def test_shuffled_resolutions_within_and_across_buckets_stay_within_the_bound():
     # buckets (w x h pixels) 64x64, 96x64, 80x80, 64x96 -> latents (h x w) 8x8, 8x12, 10x10, 12x8
     options = build_options("balanced", advanced="shapes: {specialize: buckets, buckets: [[64, 64], [96, 64], [80, 80], "
-                                                 "[64, 96]], max_variants: 2}")
+                                                 "[64, 96]], max_variants: 2}").compile
     module = UNetLike()
     compiled = kiln.compile(module, options=options)
     sequence = [(2, 8, 8), (2, 8, 12), (4, 7, 9), (2, 10, 10), (2, 8, 8), (2, 63, 64), (2, 12, 8), (6, 8, 12),
@@ -65,7 +65,7 @@ def test_shuffled_resolutions_within_and_across_buckets_stay_within_the_bound():
 
 
 def test_pinned_shapes_compile_with_the_first_compile_and_serve_their_signature():
-    options = build_options("balanced").replace(shapes=build_options("balanced").shapes.with_pins("80x64:3"))
+    options = build_options("balanced").compile.replace(shapes=build_options("balanced").compile.shapes.with_pins("80x64:3"))
     module = UNetLike()
     compiled = kiln.compile(module, options=options)
     args = _inputs(2, 8, 8)
@@ -83,7 +83,7 @@ def test_the_first_shape_gets_static_kernels_when_pinned_or_a_bucket(advanced):
     """The shape sampled first is usually the one sampled most: pinned or a bucket, it is
     specialised with the first compile, and every later call at it runs the static variant."""
     module = UNetLike()
-    compiled = kiln.compile(module, options=build_options("balanced", advanced=advanced))
+    compiled = kiln.compile(module, options=build_options("balanced", advanced=advanced).compile)
     for seed in range(3):
         args = _inputs(2, 8, 8, seed=seed)
         assert rel_err(compiled(*args), module(*args)) < 1e-5
@@ -93,7 +93,7 @@ def test_the_first_shape_gets_static_kernels_when_pinned_or_a_bucket(advanced):
 
 
 def test_a_static_variant_never_runs_another_layout():
-    options = build_options("balanced").replace(shapes=build_options("balanced").shapes.with_pins("64x64:2"))
+    options = build_options("balanced").compile.replace(shapes=build_options("balanced").compile.shapes.with_pins("64x64:2"))
     module = UNetLike()
     compiled = kiln.compile(module, options=options)
     compiled(*_inputs(2, 6, 6))
@@ -118,7 +118,7 @@ def test_a_failed_specialisation_is_reported_and_the_dynamic_graph_serves(monkey
         return lower(self, gm, example_inputs, options, device, cache_tag)
 
     monkeypatch.setattr(Lowering, "lower", fails_when_static)
-    options = build_options("balanced", advanced="shapes: {specialize: buckets, buckets: [[80, 80]]}")
+    options = build_options("balanced", advanced="shapes: {specialize: buckets, buckets: [[80, 80]]}").compile
     module = UNetLike()
     compiled = kiln.compile(module, options=options)
     compiled(*_inputs(2, 8, 8))

@@ -7,16 +7,16 @@ from kiln.compiler.shape_policy import PinnedShape, ShapePolicy, ShapePolicyErro
 
 
 def test_default_specialises_nothing_and_knows_the_common_resolutions():
-    policy = build_options("balanced").shapes
+    policy = build_options("balanced").compile.shapes
     assert policy.specialize == "none" and policy.max_variants == 8 and policy.max_cuda_graphs == 8
-    assert build_options("fast", advanced="shapes: {max_cuda_graphs: 3}").shapes.max_cuda_graphs == 3
+    assert build_options("fast", advanced="shapes: {max_cuda_graphs: 3}").compile.shapes.max_cuda_graphs == 3
     assert (1024, 1024) in policy.buckets and (512, 512) in policy.buckets and (832, 1216) in policy.buckets
     assert not policy.wants_specialised((128, 128), 2, 2)
     assert set(bucket_table()) == {"sd15", "sdxl", "flux"}
 
 
 def test_buckets_match_latent_sizes():
-    policy = build_options("max", advanced="shapes: {specialize: buckets, buckets: [sdxl]}").shapes
+    policy = build_options("max", advanced="shapes: {specialize: buckets, buckets: [sdxl]}").compile.shapes
     assert policy.wants_specialised((128, 128), 2, 2)        # 1024x1024
     assert policy.wants_specialised((152, 104), 2, 2)        # 832 wide x 1216 high
     assert not policy.wants_specialised((152, 104), 4, 2)    # at another batch: the dynamic graph
@@ -26,7 +26,7 @@ def test_buckets_match_latent_sizes():
 
 def test_pins_parse_and_imply_pinned_specialisation():
     assert parse_pins("1024x1024, 832x1216:2") == (PinnedShape(1024, 1024, None), PinnedShape(832, 1216, 2))
-    policy = build_options("balanced", advanced='shapes: {pin: ["512x768:4"]}').shapes
+    policy = build_options("balanced", advanced='shapes: {pin: ["512x768:4"]}').compile.shapes
     assert policy.specialize == "pinned"
     assert policy.wants_specialised((96, 64), 4, 2) and not policy.wants_specialised((96, 64), 2, 2)
     unbatched = ShapePolicy().with_pins("512x512")
@@ -44,12 +44,12 @@ def test_pins_parse_and_imply_pinned_specialisation():
 ])
 def test_bad_shape_options_name_the_problem(advanced, message):
     with pytest.raises(OptionsError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        build_options("balanced", advanced=advanced)
+        build_options("balanced", advanced=advanced).compile
 
 
 def test_fast_mode_refuses_specialisation():
     with pytest.raises(OptionsError, match="no effect in mode 'fast'"):
-        build_options("fast", advanced="shapes: {specialize: buckets}")
+        build_options("fast", advanced="shapes: {specialize: buckets}").compile
     with pytest.raises(ShapePolicyError, match="not a shape"):
         ShapePolicy().with_pins("1024 by 1024")
 
@@ -72,7 +72,7 @@ def test_fast_mode_refuses_specialisation():
 def test_mistyped_shape_options_name_their_dotted_key(advanced, key):
     """Each raised TypeError (not iterable, unhashable), ValueError (a 5000-digit int) or was accepted."""
     with pytest.raises(OptionsError, match="^" + key) as caught:
-        build_options("balanced", advanced=advanced)
+        build_options("balanced", advanced=advanced).compile
     assert len(str(caught.value)) < 400
     with pytest.raises(ShapePolicyError, match="^" + key):  # the same error from the policy itself
         ShapePolicy.from_mapping(yaml.safe_load(advanced)["shapes"])

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.benchmarks.models import MODELS
+from kiln.testing.models import MODELS
 from testing_utils import rel_err
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.benchmarks.models import MODELS
+from kiln.testing.models import MODELS
 from testing_utils import rel_err
 
 pytestmark = pytest.mark.skipif(

@@ -8,7 +8,7 @@ from kiln.kernels import fp8_weight_linear, fp8_weight_linear_ref, fp8_weight_li
 
 pytest.importorskip("triton")
 DEVICE = KERNEL_DEVICE  # cpu (interpreted) in CI; cuda with TRITON_INTERPRET=0 on a GPU (sm_89+ for fp8 in Triton)
-weight_linear = importlib.import_module("kiln.kernels.quant.int8_weight_linear")
+fp8_module = importlib.import_module("kiln.kernels.quant.fp8_weight_linear")
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 BF16_DOT_INTERPRETER_BUG = pytest.mark.xfail(DEVICE == "cpu", strict=True,
@@ -62,7 +62,7 @@ def test_fp8_quantization_error_bound():
     ("cuda", (8, 0), torch.float16, 3072, 3072, True, "dequant"),   # A100: no fp8 in cuBLASLt or Triton
 ])
 def test_fp8_path_choice(device_type, capability, dtype, K, N, triton_ok, path):
-    assert weight_linear.fp8_path(device_type, capability, dtype, K, N, triton_ok) == path
+    assert fp8_module.fp8_path(device_type, capability, dtype, K, N, triton_ok) == path
 
 
 # opcheck's test_schema compares inputs before and after with torch.allclose, which torch has no CPU

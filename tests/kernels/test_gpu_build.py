@@ -81,7 +81,7 @@ def test_every_kernel_module_lists_its_gpu_builds():
             assert all(b.signature[a] != "constexpr" for a in b.aligned), b.name
 
 
-@pytest.mark.slow  # about a minute on 2 cores: every build for three targets
+@pytest.mark.slow  # about a minute on a 2-core CPU: every build for three targets
 def test_every_build_compiles_for_each_target_within_its_limits(tmp_path):
     if reason := missing_toolchain():
         pytest.skip(reason)

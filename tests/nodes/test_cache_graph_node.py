@@ -6,7 +6,7 @@ import types
 import pytest
 
 from kiln.compiler import CacheOptionsError, cache_problem
-from kiln.nodes.cache_graph import default_dir, workflow_cache
+from kiln.nodes.shared import default_cache_dir, workflow_cache
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def user_dir(tmp_path, monkeypatch):
 
 
 def test_empty_is_kiln_cache_in_the_user_directory_and_a_relative_name_a_folder_there(user_dir):
-    assert workflow_cache("", "use", 20.0).named == str(user_dir / "kiln-cache") == default_dir()
+    assert workflow_cache("", "use", 20.0).named == str(user_dir / "kiln-cache") == default_cache_dir()
     options = workflow_cache(" fast ", "use", 20.0)
     assert options.named == str(user_dir / "fast") and cache_problem(options) == ""
     assert (user_dir / "fast" / "entries").is_dir()
@@ -36,7 +36,7 @@ def test_a_directory_outside_is_refused_and_nothing_is_made_there(user_dir, name
 
 def test_the_servers_kiln_cache_dir_is_the_default_and_allowed(user_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "fast-disk"))
-    assert default_dir() == str(tmp_path / "fast-disk") == workflow_cache("", "use", 20.0).named
+    assert default_cache_dir() == str(tmp_path / "fast-disk") == workflow_cache("", "use", 20.0).named
     assert cache_problem(workflow_cache(str(tmp_path / "fast-disk" / "sdxl"), "use", 20.0)) == ""
     assert "outside" in cache_problem(workflow_cache(str(tmp_path / "other"), "use", 20.0))
 

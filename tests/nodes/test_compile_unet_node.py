@@ -3,6 +3,8 @@ it shows per compile."""
 import pytest
 import torch
 
+import kiln
+import kiln.loaded
 import kiln.nodes
 from kiln.compiler import OptionsError, compat
 from kiln.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
@@ -24,8 +26,10 @@ def test_node_is_registered_with_its_display_name():
     assert NODE_CLASS_MAPPINGS["KilnCompileUNet"] is KilnCompileUNet
     assert NODE_DISPLAY_NAME_MAPPINGS["KilnCompileUNet"] == "Kiln › Compile UNet"
     inputs = KilnCompileUNet.INPUT_TYPES()
-    assert inputs["required"]["mode"][0] == ["fast", "balanced", "max"]
+    assert inputs["required"]["mode"][0] == list(kiln.compiler.MODES) == list(kiln.compiler.LOWERINGS)
     assert inputs["required"]["mode"][1]["default"] == "balanced"
+    for mode, lowering in kiln.compiler.LOWERINGS.items():  # the tooltip says what each mode means
+        assert f"{mode}: {lowering.description}" in inputs["required"]["mode"][1]["tooltip"]
     assert KilnCompileUNet.RETURN_TYPES == ("MODEL", "STRING")
 
 
@@ -39,10 +43,8 @@ def test_old_torch_passes_the_model_through_and_says_why(monkeypatch, caplog):
 
 
 def test_compiler_import_failure_passes_the_model_through(monkeypatch):
-    import kiln.nodes
-
-    monkeypatch.setattr(kiln.nodes, "compiler", None)
-    monkeypatch.setattr(kiln.nodes, "COMPILER_LOAD_ERROR", "Kiln's compiler could not load (ImportError: no custom_op)")
+    monkeypatch.setattr(kiln.loaded, "compiler", None)
+    monkeypatch.setattr(kiln.loaded, "COMPILER_LOAD_ERROR", "Kiln's compiler could not load (ImportError: no custom_op)")
     model = FakePatcher()
     out, report = KilnCompileUNet().compile(model)
     assert out is model and "could not load (ImportError: no custom_op)" in report
@@ -55,7 +57,8 @@ def test_a_comfyui_without_model_wrappers_passes_the_model_through_and_says_whic
 
 
 def test_nodes_import_only_the_compilers_public_api():
-    """nodes/ never reaches around kiln.compiler's public names (no compat, kernels, backend...)."""
+    """nodes/ never reaches around kiln.compiler's public names (no compat, kernels, backend...); besides
+    them it reads the package's guarded compiler and the torch-free choices and events every layer shares."""
     import ast
     from pathlib import Path
 
@@ -65,13 +68,28 @@ def test_nodes_import_only_the_compilers_public_api():
     for path in Path(kiln.nodes.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level >= 2:  # from .. / from ..x import
-                assert node.module in (None, "compiler"), f"{path.name} imports ..{node.module}"
+                assert node.module in ("compiler", "loaded", "choices", "events"), f"{path.name} imports ..{node.module}"
                 if node.module == "compiler":
                     assert {a.name for a in node.names} <= public, f"{path.name}: {[a.name for a in node.names]}"
-                else:
-                    assert [a.name for a in node.names] == ["compiler"], f"{path.name}: {[a.name for a in node.names]}"
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "compiler":
                 assert node.attr in public, f"{path.name} uses compiler.{node.attr}"
+
+
+def test_no_node_module_imports_another():
+    """Node modules import what they share (shared.py, plan_wrapper.py, quant_patcher.py), not each other."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(kiln.nodes.__file__).parent
+    node_modules = {path.stem for path in folder.glob("*.py")
+                    if path.stem != "__init__" and "NODE_CLASS_MAPPINGS = {" in path.read_text()}
+    assert {"compile_unet", "compile_vae", "compile_controlnet", "cache_graph", "quantize_model"} <= node_modules
+    for name in node_modules:
+        imported = set()
+        for node in ast.walk(ast.parse((folder / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                imported |= {node.module} if node.module else {a.name for a in node.names}
+        assert not imported & node_modules, f"{name} imports {sorted(imported & node_modules)}"
 
 
 def test_bad_advanced_options_are_an_error_naming_the_key():
@@ -106,19 +124,15 @@ def test_a_compile_shows_as_one_line_the_guard_with_its_source_line():
     """TorchDynamo's recompile reason goes on with a user stack trace: the node (and `kiln queue`) shows
     the first line, the log and kiln.stats keep it whole."""
     from kiln.compiler.stats import GraphCompile
-    from kiln.nodes.plan_wrapper import compile_line
 
     reason = ("recompile: 1/0: ___check_type_id(kwargs['control'], 1), type=<class 'dict'>  # if control is not None"
               "  # openaimodel.py:366 in apply_control\nUser stack trace:\n  File \"model.py\", line 82, in forward")
     graph = GraphCompile(index=1, reason=reason, lowering="fx", input_shapes=[[2, 4, 8, 8]], nodes=9, rewrites={},
                          skipped={}, seconds=1.3, dynamic=True, capture_seconds=2.0)
-    assert compile_line(graph) == ("Kiln compiled graph 1 in 3.3s (fx, dynamic shapes): " + reason.splitlines()[0])
+    assert graph.event().line() == ("Kiln compiled graph 1 in 3.3s (fx, dynamic shapes): " + reason.splitlines()[0])
     first = GraphCompile(**{**graph.__dict__, "index": 0, "reason": "first compile", "dynamic": False})
-    assert compile_line(first) == "Kiln compiled graph 0 in 3.3s (fx, static shapes): first compile"
+    assert first.event().line() == "Kiln compiled graph 0 in 3.3s (fx, static shapes): first compile"
     assert "User stack trace" in graph.line()  # what the log says
     region = GraphCompile(**{**first.__dict__, "region": "ResBlock#2"})
-    line = compile_line(region)
-    assert line == "Kiln compiled graph 0 in 3.3s (fx, static shapes) for region ResBlock#2: first compile"
-    from kiln.client.follow import COMPILE_LINE  # what `kiln queue` reads back: the time and the variant
-
-    assert COMPILE_LINE.search(line).groups() == ("3.3", "fx, static shapes")
+    assert region.event().line() == "Kiln compiled graph 0 in 3.3s (fx, static shapes) for region ResBlock#2: first compile"
+    assert (region.event().seconds, region.event().variant) == (3.3, "fx, static shapes")  # what `kiln queue` adds up

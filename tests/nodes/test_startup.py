@@ -116,7 +116,7 @@ sys.meta_path.insert(0, BrokenCompiler())
 import kiln
 """
     out = _run(broken + NODE_CALL, tmp_path, fake_comfyui=True)
-    assert "Kiln's compiler cannot load (ImportError: cannot import name 'custom_op'" in out
+    assert "Kiln's compiler could not load (ImportError: cannot import name 'custom_op'" in out
     assert ALL_NODES in out and "PASSED THROUGH True" in out
     assert "REPORT Kiln: running eagerly, nothing compiled: Kiln's compiler could not load (ImportError" in out
 

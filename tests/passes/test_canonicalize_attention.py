@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 import kiln
 from kiln.compiler.passes import canonicalize_attention as pass_module
-from kiln.benchmarks.models import MODELS
+from kiln.testing.models import MODELS
 from testing_utils import rel_err
 
 

@@ -2,7 +2,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.benchmarks.models import MODELS
+from kiln.testing.models import MODELS
 from kiln.compiler.passes import channels_last_convs as pass_module
 from testing_utils import rel_err
 

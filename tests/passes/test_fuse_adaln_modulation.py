@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.benchmarks.models import MODELS
+from kiln.testing.models import MODELS
 from kiln.compiler.passes import fuse_adaln_modulation as pass_module
 from kiln.compiler.passes.base import PassContext, PassResult, kernel_gate
 from testing_utils import rel_err

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kiln.benchmarks.models import MODELS
+from kiln.testing.models import MODELS
 from kiln.compiler.quantize import SCHEMES, LayerPolicy, QuantizeError, detect_family, parse_policy
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.benchmarks.models import MODELS
+from kiln.testing.models import MODELS
 from kiln.compiler.quantize import QuantConv2d, QuantizeError, QuantLinear, quantized_layers
 
 ALL = "min_params: 0"  # tiny models: every layer is under the default size threshold
@@ -35,6 +35,17 @@ def test_quantized_output_is_close_to_eager(model, scheme):
     assert layers and {type(m) for m in layers.values()} <= {QuantLinear, QuantConv2d}
     error = rel_l2(quantized(*args, **kwargs)[0], ref)
     assert error < BOUND[scheme], f"{scheme}: {error:.4f}"
+
+
+def test_quantize_options_and_the_keyword_shorthand_quantize_alike(model):
+    module, args, kwargs, _ = model
+    options = kiln.QuantizeOptions("int8_weight", kiln.LayerPolicy(min_params=0, keep=("conv_in",)), error_threshold=0.1)
+    by_options = kiln.quantize(module, options)
+    by_keywords = kiln.quantize(module, "int8_weight", policy="min_params: 0\nkeep: [conv_in]", error_threshold=0.1)
+    assert kiln.quant_report(by_options).as_dict() == kiln.quant_report(by_keywords).as_dict()
+    assert torch.equal(by_options(*args, **kwargs)[0], by_keywords(*args, **kwargs)[0])
+    with pytest.raises(kiln.QuantizeError, match="inside the QuantizeOptions"):
+        kiln.quantize(module, options, policy=ALL)
 
 
 def test_the_original_is_untouched(model):

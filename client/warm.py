@@ -1,10 +1,13 @@
 """`kiln warm`: compile ahead of time, through a running ComfyUI, every shape a workflow will need,
-so the first prompt after a restart loads Kiln's cache at full speed."""
+so the first prompt after a restart loads Kiln's cache at full speed. Each shape is one prompt of
+`kiln queue` (queue.run_all): its line says how long it ran and what Kiln compiled for it."""
 from __future__ import annotations
 
 import argparse
 import json
-import time
+
+from .comfy import ComfyClient, apply_sets, parse_shapes, with_shape
+from .queue import run_all
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,13 +31,12 @@ def uses_kiln_cache(workflow: dict) -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ...client.comfy import ComfyClient, ComfyError, apply_sets, parse_shapes, with_shape
-
     try:
         with open(args.workflow) as f:
             workflow = apply_sets(json.load(f), args.set)
         shapes = parse_shapes(args.shapes)
-        prompts = [(shape, with_shape(workflow, *shape, steps=args.steps)) for shape in shapes]
+        jobs = [({"size": f"{width}x{height}", "batch": batch}, with_shape(workflow, width, height, batch, steps=args.steps))
+                for width, height, batch in shapes]
     except (OSError, ValueError) as exc:
         print(f"kiln warm: {exc}")
         return 2
@@ -42,13 +44,9 @@ def main(args: argparse.Namespace) -> int:
         print("kiln warm: note: this workflow has no Kiln › Cache Graph node (nor `cache:` in Compile UNet's advanced "
               "options): the shapes are compiled in this server only, and a restart compiles them again")
     client = ComfyClient(args.server, timeout=args.timeout)
-    try:
-        for (width, height, batch), prompt in prompts:
-            start = time.perf_counter()
-            client.wait(client.submit(prompt))
-            print(f"warmed {width}x{height} batch {batch} in {time.perf_counter() - start:.1f}s")
-    except ComfyError as exc:
-        print(f"kiln warm: {exc}")
-        return 1
-    print(f"{len(prompts)} shapes warmed: their compiled graphs are in Kiln's cache (see the server log for hits and misses)")
-    return 0
+    code = run_all(client, jobs, argparse.Namespace(out=None, json=None, timeout=args.timeout),
+                   "kiln warm")
+    if code == 0:
+        print(f"{len(jobs)} shapes warmed: their compiled graphs are in Kiln's cache (see the server log for hits and "
+              "misses)")
+    return code

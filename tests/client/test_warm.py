@@ -1,4 +1,5 @@
-"""`kiln warm` against a stand-in ComfyUI HTTP server (standard library): what it queues, and its errors."""
+"""`kiln warm` against a stand-in ComfyUI HTTP server (standard library, no websocket: the prompts are followed
+by polling): what it queues, and its errors."""
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -67,7 +68,8 @@ def test_warm_queues_each_shape_with_one_step_and_previews(server, capsys):
     assert first["1"]["inputs"]["ckpt_name"] == "sd_xl_base_1.0.safetensors"
     assert first["7"]["inputs"]["steps"] == 1
     assert first["9"]["class_type"] == "PreviewImage" and "filename_prefix" not in first["9"]["inputs"]
-    assert "warmed 832x1216 batch 2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "prompt 2/2 [size=832x1216, batch=2]: took " in out and "2 shapes warmed" in out
 
 
 def test_a_workflow_without_kilns_cache_is_warmed_with_a_note(server, capsys, tmp_path):
@@ -115,7 +117,7 @@ def test_the_command_line_never_imports_comfyui():
     import subprocess
     import sys
 
-    code = ("import sys, kiln.cli, kiln.client.comfy, kiln.compiler.cache.warm, kiln.compiler.cache.commands\n"
+    code = ("import sys, kiln.cli, kiln.client.comfy, kiln.client.warm, kiln.compiler.cache.commands\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('comfy', 'folder_paths', 'comfy_execution')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

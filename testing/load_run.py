@@ -4,7 +4,7 @@ also run without Kiln's compile nodes; every image must equal the eager one (PSN
 prompt may fail, and the number of Kiln compiles must stay bounded. Each prompt runs right before its
 eager twin, so the times compare side by side. Prints the time per prompt and every compile.
 
-    python -m kiln.benchmarks.load_run --server http://127.0.0.1:8188 \\
+    python -m kiln.testing.load_run --server http://127.0.0.1:8188 \\
         --checkpoint rand_sd15_tiny.safetensors --lora rand_lora_tiny.safetensors \\
         --controlnet my_controlnet.pth --out load-run/
 
@@ -25,9 +25,9 @@ import zlib
 from pathlib import Path
 
 from ..client.comfy import ComfyClient, ComfyError, apply_sets
-from ..client.follow import COMPILE_LINE
 from ..client.queue import run_all
 from ..client.workflow import KILN_COMPILE_NODES, check_prompt, without_nodes
+from ..events import CompileEvent
 
 WORKFLOW = Path(__file__).parents[1] / "workflows" / "kiln_sd15_controlnet_api.json"
 LORA_NODE = "100"
@@ -178,7 +178,8 @@ def summarize(records: list[dict], args: argparse.Namespace, out: Path) -> int:
             lowest = min(lowest, value)
             if value < 40:
                 failures.append(f"prompt {number} {settings}: PSNR {value:.1f} dB < 40")
-        compiles += [(number, line) for line in ours["kiln_lines"] if COMPILE_LINE.search(line)]
+        compiles += [(number, f"{shown['node']}: {CompileEvent.from_message(shown).line()}")
+                     for shown in ours.get("kiln_compiles", [])]
     seconds = {"kiln": [r["total_seconds"] for r in kiln], "eager": [r["total_seconds"] for r in eager]}
     warm = [(ours["total_seconds"], reference["total_seconds"]) for ours, reference in zip(kiln, eager)
             if not ours["kiln_compile_seconds"]]
@@ -210,7 +211,7 @@ def summarize(records: list[dict], args: argparse.Namespace, out: Path) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kiln.benchmarks.load_run", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kiln.testing.load_run", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     if args.prompts < 1:

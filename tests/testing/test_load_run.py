@@ -1,4 +1,4 @@
-"""benchmarks/load_run.py's pieces, without a server: the workflow it queues, the mix of prompts, the
+"""testing/load_run.py's pieces, without a server: the workflow it queues, the mix of prompts, the
 eager twins queued in between, its PNG reader and PSNR (checked on PNGs written with every row filter), and
 the summary: each check that fails is named."""
 import argparse
@@ -7,11 +7,13 @@ import json
 import math
 import struct
 import zlib
+from dataclasses import asdict
 
 import pytest
 
-from kiln.benchmarks import load_run
+from kiln.testing import load_run
 from kiln.client.workflow import KILN_COMPILE_NODES, without_nodes
+from kiln.events import CompileEvent
 
 ARGS = argparse.Namespace(checkpoint="ckpt.safetensors", lora="lora.safetensors", controlnet="cn.pth", steps=3,
                           mode="fast")
@@ -103,6 +105,9 @@ def test_each_prompt_is_followed_by_its_eager_twin():
         assert kiln_job == job and eager_job == without_nodes(job, KILN_COMPILE_NODES)
 
 
+FIRST_COMPILE = CompileEvent(0, 1.5, "fx", True, "first compile")
+
+
 def records(tmp_path, kiln_pixels, eager_pixels, kiln_lines=(), seconds=(2.0, 1.0)):
     """kiln queue's records of one prompt and its eager twin, their images written as PNGs."""
     made = []
@@ -113,8 +118,12 @@ def records(tmp_path, kiln_pixels, eager_pixels, kiln_lines=(), seconds=(2.0, 1.
             path = tmp_path / f"{name}_{len(list(tmp_path.iterdir()))}_{i}.png"
             path.write_bytes(png(4, 3, 3, image, [0]))
             images.append(str(path))
+        node = "Kiln › Compile UNet (2)"
+        shown = [line.removeprefix(f"{node}: ") for line in lines]
+        compiles = [{"node": node, "event": asdict(FIRST_COMPILE)} for line in shown if line == FIRST_COMPILE.line()]
         made.append({"settings": {"run": name, "10.width": 192}, "images": images, "kiln_lines": list(lines),
-                     "total_seconds": total, "kiln_compile_seconds": 1.5 if lines else (0.0 if name == "kiln" else None)})
+                     "kiln_compiles": compiles, "total_seconds": total,
+                     "kiln_compile_seconds": 1.5 if lines else (0.0 if name == "kiln" else None)})
     return made
 
 

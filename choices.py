@@ -1,0 +1,36 @@
+"""Every named choice a Kiln user makes, each written once with what it means: the compile modes,
+the cache modes and the quantization schemes.
+
+Standard library only, so ComfyUI's nodes offer the same choices (and tooltips) even when the
+compiler cannot load. The compiler builds its tables on these names (compiler/lowering.py,
+compiler/cache/options.py, compiler/quantize/scheme.py) and refuses any other. To add a choice,
+add it here and give it its row there.
+"""
+from __future__ import annotations
+
+# compile mode -> what it means (compiler/lowering.py says how each lowers a graph)
+COMPILE_MODES = {
+    "fast": "quick compile: Kiln's rewrite passes, then the rewritten FX graph runs directly (no Inductor)",
+    "balanced": "default: Kiln's passes, then Inductor's default lowering",
+    "max": "longest compile, most speed: Kiln's passes, then Inductor with max-autotune",
+}
+DEFAULT_MODE = "balanced"
+
+# cache mode -> what it means (compiler/cache/options.py)
+CACHE_MODES = {
+    "use": "load a matching entry, else compile and store",
+    "refresh": "compile and replace the entry",
+    "off": "neither read nor write",
+}
+
+# quantization scheme -> what it stores and runs (compiler/quantize/scheme.py)
+SCHEMES = {
+    "int8_weight": "int8 weights, float activations",
+    "int8_dynamic": "int8 weights and activations (int8 GEMM)",
+    "fp8_e4m3": "ComfyUI's fp8 format (fp8 GEMM on RTX 40xx/H100 and newer)",
+}
+
+
+def tooltip(choices: dict[str, str]) -> str:
+    """'use: load a matching entry, else compile and store; refresh: ...': a widget's tooltip."""
+    return "; ".join(f"{name}: {meaning}" for name, meaning in choices.items())
