@@ -2,15 +2,15 @@
 # Kiln's GPU suite, one part at a time (each part takes well under 10 minutes on a recent GPU).
 # Run it from the repository root on a CUDA machine (see benchmarks/README.md):
 #
-#   bash benchmarks/gpu_suite.sh tests                 # GPU-only tests + kernel tests on CUDA
-#   bash benchmarks/gpu_suite.sh kernels               # kernel microbenchmarks at real shapes
-#   bash benchmarks/gpu_suite.sh suite CASE[,CASE] [VARIANT,...]  # the GPU suite, some cases (all variants)
-#   bash benchmarks/gpu_suite.sh shapes auto|dynamic|kiln   # kiln bench --shapes at SDXL size, one variant
-#   bash benchmarks/gpu_suite.sh cache                 # kiln bench --cache at SDXL size: restart cost, cold vs warm
+#   bash benchmarks/gpu_session.sh tests                 # GPU-only tests + kernel tests on CUDA
+#   bash benchmarks/gpu_session.sh kernels               # kernel microbenchmarks at real shapes
+#   bash benchmarks/gpu_session.sh suite CASE[,CASE] [VARIANT,...]  # the GPU suite, some cases (all variants)
+#   bash benchmarks/gpu_session.sh shapes auto|dynamic|kiln   # kiln bench --shapes at SDXL size, one variant
+#   bash benchmarks/gpu_session.sh cache                 # kiln bench --cache at SDXL size: restart cost, cold vs warm
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_suite.sh tests | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln | cache"
+usage="usage: gpu_session.sh tests | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln | cache"
 part="${1:-}"
 case "$part ${2:-}" in
     "tests "|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache ") ;;
@@ -20,6 +20,11 @@ out="${OUT:-benchmarks/results/gpu-$(date +%F)}"
 mkdir -p "$out"
 
 pythonpath=()
+if [ -d .whl ]; then  # wheels downloaded elsewhere for a machine without network access
+    site="${TMPDIR:-/tmp}/kiln-site"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
+    pythonpath+=("$site")
+fi
 if [ "$(python3 -c 'import kiln, os; print(os.path.dirname(os.path.realpath(kiln.__file__)))' 2>/dev/null)" != "$(pwd -P)" ]; then
     # kiln is not installed from this checkout: the repository root is the `kiln` package
     pkgs="${TMPDIR:-/tmp}/kiln-pkgs"

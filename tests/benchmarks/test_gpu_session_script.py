@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.sh runs on a CUDA machine; here it must at least parse
+"""benchmarks/gpu_session.sh runs on a CUDA machine; here it must at least parse
 and refuse a wrong part before it installs or runs anything."""
 import os
 import subprocess
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_suite.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_session.sh"
 
 
 def test_script_parses():
@@ -16,5 +16,5 @@ def test_script_parses():
 @pytest.mark.parametrize("args", [[], ["bogus"], ["suite"], ["shapes", "sideways"], ["tests", "extra"]])
 def test_wrong_parts_are_refused_with_the_usage(args, tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path)))
-    assert done.returncode == 2 and done.stderr.startswith("usage: gpu_suite.sh tests")
+    assert done.returncode == 2 and done.stderr.startswith("usage: gpu_session.sh tests")
     assert not any(tmp_path.iterdir())  # nothing ran
