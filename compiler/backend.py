@@ -247,10 +247,11 @@ class KilnBackend:
 
     def _may_keep_eager(self, device: str) -> bool:
         """Only a region's graph may stay eager for having nothing to fuse, and only where lowering
-        would not make its library ops faster: Inductor's default lowering (autotuning may pick a
-        generated convolution) without CUDA graphs (which pay on any graph: fewer launches)."""
+        would not make its library ops faster: no autotuning (it may pick a generated convolution) and
+        no CUDA graphs (which pay on any graph: fewer launches). In mode fast the graph would run as
+        captured anyway, behind TorchDynamo's entry."""
         options = self.options
-        return (bool(self.region) and options.lowering.uses_inductor and options.lowering.inductor_preset is None
+        return (bool(self.region) and options.lowering.inductor_preset is None
                 and not any(name.startswith("max_autotune") and value for name, value in options.inductor.items())
                 and not (options.cuda_graphs and device == "cuda"))
 

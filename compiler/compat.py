@@ -158,6 +158,13 @@ def allow_any_size(tensor, dim: int = 0) -> None:
     torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
+def allow_any_sizes(tensor) -> None:
+    """`allow_any_size` along every dimension (TorchDynamo still specialises a size of 0 or 1, and a
+    size that the code fixes, e.g. one a weight must match)."""
+    if tensor.dim():
+        torch._dynamo.maybe_mark_dynamic(tensor, list(range(tensor.dim())))
+
+
 def inductor_cache_hits() -> int:
     """How many graphs Inductor has loaded from its on-disk FX graph cache in this process."""
     from torch._dynamo.utils import counters
@@ -299,16 +306,6 @@ def no_duck_sizing():
     import torch.fx.experimental._config as fx_config
 
     return fx_config.patch(use_duck_shape=False)
-
-
-def floats_specialized():
-    """A context in which TorchDynamo keeps Python floats it reads as constants (`specialize_float`;
-    checked: torch 2.5 - 2.14). Compiled with every size dynamic, a block's float attributes (a norm's
-    eps) would otherwise reach the graph as symbolic inputs, which Kiln's passes and kernels take as
-    constants."""
-    import torch._dynamo.config as dynamo_config
-
-    return dynamo_config.patch(specialize_float=True)
 
 
 def is_weight(node: torch.fx.Node) -> bool:

@@ -62,17 +62,23 @@ class CompiledRegion:
         self.backend = KilnBackend(options, stats, code=self.code, cache=cache, label=f"{label} {region.name}",
                                    region=region.name, cuda_graph_budget=cuda_graph_budget)
         self.backend.progress = progress.for_region(region)
-        # auto: every size dynamic from the first compile. A block's inputs are sized by the batch and
-        # the resolution in ways the block cannot tell apart from its channels (tokens, a Python list
-        # such as the output size ComfyUI passes an Upsample), and TorchDynamo keeps the sizes that the
-        # weights fix static anyway; measured per step as fast as marking batch and resolution alone
-        dynamic = True if options.dynamic is None else options.dynamic
-        self.compiled = torch.compile(entry, backend=self.backend, dynamic=dynamic, fullgraph=options.fullgraph)
+        # auto: every size of a tensor the block is given is marked dynamic before each call (a block's
+        # inputs are sized by the batch and the resolution in ways it cannot tell apart from its
+        # channels; TorchDynamo keeps the sizes its weights fix static anyway). Everything else follows
+        # TorchDynamo's automatic dynamism, as in a whole-model compile: a Python number the block reads
+        # (a norm's eps, the weight of an IPAdapter patch) is a constant in the first graph, for Kiln's
+        # passes, and becomes an input of a second graph the first time it changes, never a third
+        self.mark_sizes = options.dynamic is None
+        self.compiled = torch.compile(entry, backend=self.backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
 
     def __call__(self, block: torch.nn.Module, *args, **kwargs):
         if self.fallback is not None or self.backend.kept_eager is not None:
             return compat.call_module_body(block, *args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
+        if self.mark_sizes:
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, torch.Tensor):
+                    compat.allow_any_sizes(value)
 
         def call():
             with positions_hidden(args, kwargs) as (given_args, given_kwargs):
@@ -173,10 +179,9 @@ class RegionalCompile:
     @contextlib.contextmanager
     def routed(self, progress: Optional[Progress]):
         """A context for one call of the model: its blocks run through their regions, compiled with
-        duck sizing off, floats kept constant, and a recompile budget sized for the model's blocks."""
+        duck sizing off and a recompile budget sized for the model's blocks."""
         self.progress.callback = progress
-        with compat.calls_routed(self._routes), compat.no_duck_sizing(), compat.floats_specialized(), \
-                compat.recompile_limit_at_least(self.budget):
+        with compat.calls_routed(self._routes), compat.no_duck_sizing(), compat.recompile_limit_at_least(self.budget):
             yield
 
 

@@ -275,6 +275,7 @@ def test_regions_with_nothing_to_fuse_are_lowered_where_lowering_pays_anyway():
     assert not may_keep_eager(mode="balanced", inductor={"max_autotune": True})
     assert not may_keep_eager("cuda", mode="balanced", cuda_graphs=True)  # a CUDA graph pays on any graph
     assert may_keep_eager("cpu", mode="balanced", cuda_graphs=True)
-    assert not may_keep_eager(mode="fast")  # no Inductor: the graph runs as captured anyway
+    assert may_keep_eager(mode="fast")  # the graph runs as captured either way: without TorchDynamo's entry, eagerly
+    assert not may_keep_eager("cuda", mode="fast", cuda_graphs=True)
     options = CompileOptions(mode="balanced")
     assert not KilnBackend(options, KilnStats(options.as_dict()))._may_keep_eager("cpu")  # a whole model
