@@ -160,8 +160,14 @@ def allow_any_size(tensor, dim: int = 0) -> None:
 
 def allow_any_sizes(tensor) -> None:
     """`allow_any_size` along every dimension (TorchDynamo still specialises a size of 0 or 1, and a
-    size that the code fixes, e.g. one a weight must match)."""
-    if tensor.dim():
+    size that the code fixes, e.g. one a weight must match). Called on every input of every block
+    call, so a plain tensor gets the record `maybe_mark_dynamic` writes (`_dynamo_weak_dynamic_indices`;
+    checked: torch 2.5 - 2.14) in one step: about 1 us instead of its ~8 us of per-dimension calls."""
+    if not tensor.dim():
+        return
+    if type(tensor) is torch.Tensor:
+        tensor._dynamo_weak_dynamic_indices = set(range(tensor.dim()))
+    else:  # a tensor subclass: maybe_mark_dynamic also marks the tensors inside it
         torch._dynamo.maybe_mark_dynamic(tensor, list(range(tensor.dim())))
 
 

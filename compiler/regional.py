@@ -84,18 +84,31 @@ class CompiledRegion:
             with positions_hidden(args, kwargs) as (given_args, given_kwargs):
                 return self.compiled(block, *given_args, **given_kwargs)
 
-        return self.backend.run(call, lambda: compat.call_module_body(block, *args, **kwargs), self._fall_back)
+        out = self.backend.run(call, lambda: compat.call_module_body(block, *args, **kwargs), self._fall_back)
+        if self.backend.kept_eager is not None:  # decided in this call: the last region compiled may be gone
+            self._say_if_nothing_compiled()
+        return out
 
     def _fall_back(self, reason: str, exc: BaseException) -> None:
         self.fallback = reason
         self.stats.region_fallbacks[self.region.name] = reason
-        if len(self.stats.region_fallbacks) == len(self.stats.regions):  # nothing left compiled: the model is eager
-            self.stats.fallback = f"every block region failed to compile (the last, {self.region.name}: {reason})"
-            log.error("Kiln: %s -- %s runs eagerly from now on", self.stats.fallback, self.label)
         message = (f"region {self.region.name} ({len(self.region.members)} block(s): {self.region.members[0]}...) "
                    f"{reason}; those blocks run eagerly from now on, the other regions stay compiled")
         self.stats.warnings.append(message)
         log.error("Kiln: %s: %s", self.label, message, exc_info=exc)
+        self._say_if_nothing_compiled()
+
+    def _say_if_nothing_compiled(self) -> None:
+        """When every region has failed or runs eagerly by choice, and one failed, the model runs
+        eagerly: the stats' fallback and the log say so, with the last failure."""
+        stats = self.stats
+        failures = stats.region_fallbacks
+        if stats.fallback is None and failures and len(failures) + len(stats.regions_eager) >= len(stats.regions):
+            name, reason = next(reversed(failures.items()))
+            kept = f", {len(stats.regions_eager)} have nothing to fuse" if stats.regions_eager else ""
+            stats.fallback = (f"no block region is compiled: {len(failures)} failed{kept} "
+                              f"(the last to fail, {name}: {reason})")
+            log.error("Kiln: %s -- %s runs eagerly from now on", stats.fallback, self.label)
 
 
 # ComfyUI's transformer_options: the keys that say where a block sits, each with the neutral value a

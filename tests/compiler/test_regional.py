@@ -262,6 +262,21 @@ def test_a_region_with_nothing_to_fuse_runs_eagerly_and_says_why():
     assert "region Down#1 runs eagerly by choice: nothing for Inductor to fuse (conv2d)" in info.summary()
 
 
+def test_when_the_regions_with_something_to_fuse_all_fail_the_model_says_it_runs_eagerly(monkeypatch, caplog):
+    def broken_lowering(*args, **kwargs):
+        raise RuntimeError("lowering exploded")
+
+    monkeypatch.setattr(Lowering, "lower", broken_lowering)
+    module, x = ConvNet().eval(), torch.randn(2, 4, 8, 8)
+    compiled = kiln.compile(module, mode="balanced")
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-6
+    info = kiln.stats(compiled)
+    assert list(info.region_fallbacks) == ["Mix#1"] and list(info.regions_eager) == ["Down#1"]
+    assert info.fallback.startswith("no block region is compiled: 1 failed, 1 have nothing to fuse")
+    assert "lowering exploded" in info.fallback and "runs eagerly from now on" in caplog.text
+
+
 def test_regions_with_nothing_to_fuse_are_lowered_where_lowering_pays_anyway():
     from kiln.compiler.backend import KilnBackend
     from kiln.compiler.stats import KilnStats
