@@ -262,7 +262,7 @@ class KilnBackend:
             self.kept_eager = why
             self.stats.regions_eager[self.region] = why
         record = GraphCompile(
-            index=index, reason=reason, lowering="eager", input_shapes=_user_input_shapes(gm),
+            index=index, reason=f"{reason}; kept eager, {why}", lowering="eager", input_shapes=_user_input_shapes(gm),
             nodes=len(gm.graph.nodes), rewrites={}, skipped={}, seconds=time.perf_counter() - start,
             dynamic=_is_dynamic(gm), capture_seconds=capture, graph_breaks=breaks, region=self.region)
         self.stats.compiles.append(record)
@@ -271,7 +271,7 @@ class KilnBackend:
         self._breaks_seen = compat.graph_break_count()
         total = len(PASSES) + 1
         self.report(f"kept eager: {why}", total, total)
-        log.info("Kiln kept %s eager: %s", record.line(), why)
+        log.info("%s", record.line())
         return gm.forward
 
     def _caching(self) -> bool:
