@@ -4,13 +4,34 @@ The compiler makes a `CompileEvent` for each graph it compiles (`GraphCompile.ev
 compiler/stats.py); ComfyUI's Kiln nodes show its `line()` on themselves (progress text) and send
 the record itself as a websocket message of type COMPILE_EVENT (nodes/plan_wrapper.py); `kiln
 queue` decodes that message with `CompileEvent.from_message` (client/follow.py) and adds up the
-compile time from the records, never from the shown text. Neither side needs torch to read it.
+compile time from the records, never from the shown text. While a compile or a quantization runs,
+its progress goes the same way as a `WorkProgress` (COMPILE_PROGRESS), which `kiln queue` shows in
+its progress line. Neither side needs torch to read them.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 COMPILE_EVENT = "kiln.compile"  # the websocket message's type
+COMPILE_PROGRESS = "kiln.progress"
+
+_KINDS = {"int": int, "float": (int, float), "bool": bool, "str": str}
+
+
+def _record_from(cls, data: dict, name: str):
+    """The record of class `cls` in a message's data ({"event": {...}}); ValueError naming the field
+    that is missing or of the wrong type ('a Kiln compile event whose 'seconds' is '1.5', not float')."""
+    record = data.get("event") if isinstance(data, dict) else None
+    if not isinstance(record, dict):
+        raise ValueError(f"a Kiln {name} without its record ('event', a JSON object)")
+    values = {}
+    for field in fields(cls):
+        kind = _KINDS[str(field.type)]
+        value = record.get(field.name, None if field.default is MISSING else field.default)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise ValueError(f"a Kiln {name} whose {field.name!r} is {value!r}, not {field.type}")
+        values[field.name] = value
+    return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -45,14 +66,29 @@ class CompileEvent:
     @classmethod
     def from_message(cls, data: dict) -> "CompileEvent":
         """The record in a COMPILE_EVENT message's data; ValueError naming what is missing or wrong."""
-        record = data.get("event") if isinstance(data, dict) else None
-        if not isinstance(record, dict):
-            raise ValueError("a Kiln compile event without its record ('event', a JSON object)")
-        values = {}
-        for field in fields(cls):
-            kind = {"int": int, "float": (int, float), "bool": bool, "str": str}[str(field.type)]
-            value = record.get(field.name, "" if field.name == "region" else None)
-            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-                raise ValueError(f"a Kiln compile event whose {field.name!r} is {value!r}, not {field.type}")
-            values[field.name] = value
-        return cls(**values)
+        return _record_from(cls, data, "compile event")
+
+
+@dataclass(frozen=True)
+class WorkProgress:
+    """How far one of Kiln's long jobs is: the job ("compile", "quantize"), what it does now
+    ('region 3/11 ResBlock#2: pass fuse_geglu'), and how many of its parts (regions, passes,
+    layers) are done of how many."""
+
+    work: str
+    what: str
+    done: int
+    total: int
+
+    def line(self) -> str:
+        """'Kiln compile 3/11: region 4/11 ResBlock#2: pass fuse_geglu'."""
+        return f"Kiln {self.work} {self.done}/{self.total}: {self.what}"
+
+    def message(self, prompt_id: str, node_id: str) -> dict:
+        """The COMPILE_PROGRESS message's data: which prompt and node it belongs to, and the record."""
+        return {"prompt_id": prompt_id, "node": node_id, "event": asdict(self)}
+
+    @classmethod
+    def from_message(cls, data: dict) -> "WorkProgress":
+        """The record in a COMPILE_PROGRESS message's data; ValueError naming what is missing or wrong."""
+        return _record_from(cls, data, "progress event")

@@ -18,7 +18,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from ..events import COMPILE_EVENT, CompileEvent
+from ..events import COMPILE_EVENT, COMPILE_PROGRESS, CompileEvent, WorkProgress
 from .comfy import (ComfyClient, PromptFailed, PromptTimedOut, ServerAnswerError, check_record, execution_error_text,
                     optional, require, shown)
 
@@ -142,6 +142,12 @@ def _event(message: dict, run: PromptRun, prompt: dict, display) -> bool:
         except ValueError as exc:
             raise ServerAnswerError(f"the server sent {exc} in {where}: {shown(data)}") from None
         run.kiln_compiles.append({"node": _title(prompt, str(data.get("node"))), "event": event})
+    elif kind == COMPILE_PROGRESS:
+        try:
+            progress = WorkProgress.from_message(data)
+        except ValueError as exc:
+            raise ServerAnswerError(f"the server sent {exc} in {where}: {shown(data)}") from None
+        display.work(printable(progress.line()))
     elif kind == "progress":
         node_id = str(data.get("node"))
         display.step(node_id, _title(prompt, node_id), _count(data, "value", where), _count(data, "max", where))
@@ -154,6 +160,13 @@ def _event(message: dict, run: PromptRun, prompt: dict, display) -> bool:
         display.done()
         return True
     return False
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """Text from the server as it may go on a terminal: control characters (escape sequences among
+    them) shown as '?', at most `limit` characters."""
+    text = "".join(c if c.isprintable() else "?" for c in text[:limit + 1])
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _count(data: dict, key: str, where: str) -> float:

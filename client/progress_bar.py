@@ -29,6 +29,13 @@ class ProgressBar:
         elif maximum and value >= maximum:
             self._line(f"{self.label}  {title}  {value}/{maximum}")
 
+    def work(self, text: str) -> None:
+        """What one of Kiln's long jobs does now ('Kiln compile 3/11: region 4/11 ResBlock#2: pass
+        fuse_geglu'): on a terminal it takes the line until the next step; elsewhere the lines Kiln's
+        nodes show already say what was compiled."""
+        if self.tty:
+            self._draw(f"{self.label}  {text}")
+
     def note(self, text: str) -> None:
         """A line that stays (Kiln's progress text)."""
         self._line(f"{self.label}  {text}")

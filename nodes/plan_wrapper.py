@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+from ..events import COMPILE_EVENT, COMPILE_PROGRESS, WorkProgress
+
 log = logging.getLogger("kiln")
 
 PLAN_KEY = "kiln_plan"              # model_options[PLAN_KEY]: the KilnPlan
@@ -148,8 +150,6 @@ def show_text(node_id: str, text: str) -> None:
 def send_events(node_id: str, events: list) -> None:
     """Send each CompileEvent to the client that queued the running prompt, as a COMPILE_EVENT
     websocket message (what `kiln queue` reads; ComfyUI's page passes it by)."""
-    from ..events import COMPILE_EVENT
-
     server = _prompt_server()
     if server is None:
         return
@@ -168,7 +168,8 @@ def _prompt_server():
 
 
 def progress_bar(work: str = "compile"):
-    """A progress callback for Kiln's `work` (compile, quantize) that drives ComfyUI's progress bar and the log. ComfyUI's
+    """A progress callback for Kiln's `work` (compile, quantize) that drives ComfyUI's progress bar and the log, and
+    sends what it does now to the client that queued the prompt (`kiln queue` shows it in its progress line). ComfyUI's
     cancel raises from ProgressBar.update (its interrupt check): the compile stops there."""
     bar = {}
 
@@ -179,6 +180,18 @@ def progress_bar(work: str = "compile"):
             bar["bar"] = comfy.utils.ProgressBar(total)
         if done == 1 or done == total or done % max(1, total // 10) == 0:
             log.info("Kiln %s: %s (%d/%d)", work, what, done, total)
+        send_progress(WorkProgress(work, what, done, total))
         bar["bar"].update_absolute(done, total)
 
     return progress
+
+
+def send_progress(progress: WorkProgress) -> None:
+    """Send `progress` as a COMPILE_PROGRESS websocket message for the node that runs now (the sampler,
+    during a compile: ComfyUI's own progress bar is that node's too); headless, nothing."""
+    server = _prompt_server()
+    if server is None:
+        return
+    node_id = str(getattr(server, "last_node_id", "") or "")
+    server.send_sync(COMPILE_PROGRESS, progress.message(str(getattr(server, "last_prompt_id", "") or ""), node_id),
+                     getattr(server, "client_id", None))

@@ -21,6 +21,9 @@ class Display:
     def step(self, node_id, title, value, maximum):
         self.steps.append((value, maximum))
 
+    def work(self, text):
+        self.steps.append(text)
+
     def done(self):
         pass
 
@@ -132,3 +135,49 @@ def test_a_compile_event_that_is_no_record_says_what_the_server_sent(event, says
     message = {"type": "kiln.compile", "data": {"prompt_id": "p1", "node": "2", "event": event}}
     with pytest.raises(ServerAnswerError, match="^the server sent a Kiln compile event .*" + says):
         _event(json_message(json.dumps(message)), PromptRun("p1", 0.0), {}, Display())
+
+
+def test_compile_progress_round_trips_from_the_node_to_kiln_queue_s_line(monkeypatch):
+    """What a Kiln node's progress callback sends (nodes/plan_wrapper.py) is what `kiln queue` draws in
+    its progress line, control characters from the server shown as '?'."""
+    import sys
+    import types
+
+    from kiln.events import COMPILE_PROGRESS, WorkProgress
+    from kiln.nodes import plan_wrapper
+
+    sent = []
+
+    class Server:
+        client_id, last_prompt_id, last_node_id = "me", "p1", "6"
+
+        def send_sync(self, event, data, sid=None):
+            assert sid == "me"
+            sent.append(json.dumps({"type": event, "data": data}))
+
+    monkeypatch.setitem(sys.modules, "server", types.SimpleNamespace(PromptServer=types.SimpleNamespace(instance=Server())))
+    plan_wrapper.send_progress(WorkProgress("compile", "region 4/11 ResBlock#2: pass fuse_geglu", 3, 11))
+    plan_wrapper.send_progress(WorkProgress("compile", "region 5/11 \x1b[2J\x07", 4, 11))
+    display = Display()
+    for message in sent:
+        assert json.loads(message)["type"] == COMPILE_PROGRESS and json.loads(message)["data"]["node"] == "6"
+        assert _event(json_message(message), PromptRun("p1", 0.0), {}, display) is False
+    assert display.steps == ["Kiln compile 3/11: region 4/11 ResBlock#2: pass fuse_geglu",
+                             "Kiln compile 4/11: region 5/11 ?[2J?"]
+
+
+@pytest.mark.parametrize("event, says", [
+    ("nope", "without its record"),
+    ({"work": "compile", "what": "x", "done": "3", "total": 11}, "'done' is '3'"),
+    ({"work": "compile", "what": "x", "done": 3}, "'total' is None"),
+])
+def test_a_progress_event_that_is_no_record_says_what_the_server_sent(event, says):
+    message = {"type": "kiln.progress", "data": {"prompt_id": "p1", "node": "6", "event": event}}
+    with pytest.raises(ServerAnswerError, match="^the server sent a Kiln progress event .*" + says):
+        _event(json_message(json.dumps(message)), PromptRun("p1", 0.0), {}, Display())
+
+
+def test_a_long_progress_text_is_cut():
+    from kiln.client.follow import printable
+
+    assert printable("x" * 1000) == "x" * 197 + "..." and printable("ok") == "ok"

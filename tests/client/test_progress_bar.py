@@ -33,3 +33,15 @@ def test_elsewhere_plain_lines():
         bar.step("3", "KSampler (3)", step, 4)
     bar.done()
     assert stream.getvalue() == "prompt 1/1  KSampler (3)\nprompt 1/1  KSampler (3)  4/4\n"
+
+
+def test_kiln_s_work_takes_the_line_on_a_terminal_and_nothing_elsewhere():
+    stream = Terminal()
+    bar = ProgressBar("prompt 1/1", stream)
+    bar.work("Kiln compile 3/11: region 4/11 ResBlock#2: pass fuse_geglu")
+    bar.step("6", "KSampler (6)", 1, 2)
+    assert stream.getvalue() == ("\r\033[Kprompt 1/1  Kiln compile 3/11: region 4/11 ResBlock#2: pass fuse_geglu"
+                                 "\r\033[Kprompt 1/1  KSampler (6)  [############------------]  1/2")
+    plain = io.StringIO()
+    ProgressBar("prompt 1/1", plain).work("Kiln compile 3/11: region 4/11")
+    assert plain.getvalue() == ""
