@@ -5,7 +5,7 @@ compiler/stats.py); ComfyUI's Kiln nodes show its `line()` on themselves (progre
 the record itself as a websocket message of type COMPILE_EVENT (nodes/plan_wrapper.py); `kiln
 queue` decodes that message with `CompileEvent.from_message` (client/follow.py) and adds up the
 compile time from the records, never from the shown text. While a compile or a quantization runs,
-its progress goes the same way as a `WorkProgress` (COMPILE_PROGRESS), which `kiln queue` shows in
+its progress goes the same way as a `WorkProgress` (WORK_PROGRESS), which `kiln queue` shows in
 its progress line. Neither side needs torch to read them.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, fields
 
 COMPILE_EVENT = "kiln.compile"  # the websocket message's type
-COMPILE_PROGRESS = "kiln.progress"
+WORK_PROGRESS = "kiln.progress"  # a compile or quantization under way
 
 _KINDS = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
@@ -85,10 +85,10 @@ class WorkProgress:
         return f"Kiln {self.work} {self.done}/{self.total}: {self.what}"
 
     def message(self, prompt_id: str, node_id: str) -> dict:
-        """The COMPILE_PROGRESS message's data: which prompt and node it belongs to, and the record."""
+        """The WORK_PROGRESS message's data: which prompt and node it belongs to, and the record."""
         return {"prompt_id": prompt_id, "node": node_id, "event": asdict(self)}
 
     @classmethod
     def from_message(cls, data: dict) -> "WorkProgress":
-        """The record in a COMPILE_PROGRESS message's data; ValueError naming what is missing or wrong."""
+        """The record in a WORK_PROGRESS message's data; ValueError naming what is missing or wrong."""
         return _record_from(cls, data, "progress event")

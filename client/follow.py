@@ -18,7 +18,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from ..events import COMPILE_EVENT, COMPILE_PROGRESS, CompileEvent, WorkProgress
+from ..events import COMPILE_EVENT, WORK_PROGRESS, CompileEvent, WorkProgress
 from .comfy import (ComfyClient, PromptFailed, PromptTimedOut, ServerAnswerError, check_record, execution_error_text,
                     optional, require, shown)
 
@@ -142,7 +142,7 @@ def _event(message: dict, run: PromptRun, prompt: dict, display) -> bool:
         except ValueError as exc:
             raise ServerAnswerError(f"the server sent {exc} in {where}: {shown(data)}") from None
         run.kiln_compiles.append({"node": _title(prompt, str(data.get("node"))), "event": event})
-    elif kind == COMPILE_PROGRESS:
+    elif kind == WORK_PROGRESS:
         try:
             progress = WorkProgress.from_message(data)
         except ValueError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from ..events import COMPILE_EVENT, COMPILE_PROGRESS, WorkProgress
+from ..events import COMPILE_EVENT, WORK_PROGRESS, WorkProgress
 
 log = logging.getLogger("kiln")
 
@@ -187,11 +187,11 @@ def progress_bar(work: str = "compile"):
 
 
 def send_progress(progress: WorkProgress) -> None:
-    """Send `progress` as a COMPILE_PROGRESS websocket message for the node that runs now (the sampler,
+    """Send `progress` as a WORK_PROGRESS websocket message for the node that runs now (the sampler,
     during a compile: ComfyUI's own progress bar is that node's too); headless, nothing."""
     server = _prompt_server()
     if server is None:
         return
     node_id = str(getattr(server, "last_node_id", "") or "")
-    server.send_sync(COMPILE_PROGRESS, progress.message(str(getattr(server, "last_prompt_id", "") or ""), node_id),
+    server.send_sync(WORK_PROGRESS, progress.message(str(getattr(server, "last_prompt_id", "") or ""), node_id),
                      getattr(server, "client_id", None))

@@ -143,7 +143,7 @@ def test_compile_progress_round_trips_from_the_node_to_kiln_queue_s_line(monkeyp
     import sys
     import types
 
-    from kiln.events import COMPILE_PROGRESS, WorkProgress
+    from kiln.events import WORK_PROGRESS, WorkProgress
     from kiln.nodes import plan_wrapper
 
     sent = []
@@ -160,7 +160,7 @@ def test_compile_progress_round_trips_from_the_node_to_kiln_queue_s_line(monkeyp
     plan_wrapper.send_progress(WorkProgress("compile", "region 5/11 \x1b[2J\x07", 4, 11))
     display = Display()
     for message in sent:
-        assert json.loads(message)["type"] == COMPILE_PROGRESS and json.loads(message)["data"]["node"] == "6"
+        assert json.loads(message)["type"] == WORK_PROGRESS and json.loads(message)["data"]["node"] == "6"
         assert _event(json_message(message), PromptRun("p1", 0.0), {}, display) is False
     assert display.steps == ["Kiln compile 3/11: region 4/11 ResBlock#2: pass fuse_geglu",
                              "Kiln compile 4/11: region 5/11 ?[2J?"]
