@@ -60,6 +60,13 @@ def shown(value) -> str:
     return _SHORT.repr(value)
 
 
+def printable(text: str, limit: int = 200) -> str:
+    """Text from the server or a workflow as it may go on a terminal: control characters (escape
+    sequences among them) shown as '?', at most `limit` characters."""
+    text = "".join(c if c.isprintable() else "?" for c in str(text)[:limit + 1])
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 _KINDS = {dict: "a JSON object", list: "a list", str: "a string"}
 
 
@@ -364,11 +371,13 @@ def _execution_error(status: dict) -> str:
 
 
 def execution_error_text(kind: str, data: dict) -> str:
-    """What an execution_error or execution_interrupted message says, naming the node."""
-    node = f"node {data.get('node_id')} ({data.get('node_type')})"
+    """What an execution_error or execution_interrupted message says, naming the node; the server's
+    text line by line without control characters (at most 40 lines)."""
+    node = printable(f"node {data.get('node_id')} ({data.get('node_type')})")
     if kind == "execution_interrupted":
         return f"interrupted on the server at {node}"
-    return f"{node}: {data.get('exception_type')}: {str(data.get('exception_message', '')).strip()}"
+    message = "\n".join(printable(line, 1000) for line in str(data.get("exception_message", "")).strip().splitlines()[:40])
+    return f"{node}: {printable(data.get('exception_type'))}: {message}"
 
 
 LATENT_NODES = ("EmptyLatentImage", "EmptySD3LatentImage")

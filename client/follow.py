@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 
 from ..events import COMPILE_EVENT, WORK_PROGRESS, CompileEvent, WorkProgress
 from .comfy import (ComfyClient, PromptFailed, PromptTimedOut, ServerAnswerError, check_record, execution_error_text,
-                    optional, require, shown)
+                    optional, printable, require, shown)
 
 PROGRESS_TEXT = 3  # ComfyUI's BinaryEventTypes.TEXT
 QUIET_SECONDS = 10.0  # with no message for this long, the history says whether the prompt ended unseen
 HISTORY_WAIT_SECONDS = 10.0  # the history record is written just after the prompt's last message
+MAX_LINE = 1000  # characters of a line from the server or the workflow shown on the terminal
 MAX_COUNT = 1e15  # a progress value or max past this (or NaN, or infinite) is no count of steps
 
 
@@ -162,13 +163,6 @@ def _event(message: dict, run: PromptRun, prompt: dict, display) -> bool:
     return False
 
 
-def printable(text: str, limit: int = 200) -> str:
-    """Text from the server as it may go on a terminal: control characters (escape sequences among
-    them) shown as '?', at most `limit` characters."""
-    text = "".join(c if c.isprintable() else "?" for c in text[:limit + 1])
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def _count(data: dict, key: str, where: str) -> float:
     """A progress message's value or max: a number within +-MAX_COUNT (0 when absent)."""
     value = data.get(key, 0)
@@ -188,7 +182,7 @@ def _progress_text(message: bytes, run: PromptRun, kiln_nodes: dict, display) ->
         return
     for line in message[8 + length:].decode(errors="replace").splitlines():
         if line.strip():
-            run.kiln_lines.append(f"{kiln_nodes[node_id]}: {line.strip()}")
+            run.kiln_lines.append(f"{kiln_nodes[node_id]}: {printable(line.strip(), MAX_LINE)}")
             display.note(run.kiln_lines[-1])
 
 
@@ -207,4 +201,4 @@ def _history(client: ComfyClient, run: PromptRun) -> dict:
 def _title(prompt: dict, node_id: str) -> str:
     node = prompt.get(node_id) or {}
     title = (node.get("_meta") or {}).get("title") or node.get("class_type") or "node"
-    return f"{title} ({node_id})"
+    return printable(f"{title} ({node_id})", MAX_LINE)

@@ -134,3 +134,15 @@ def test_kiln_warm_says_what_the_server_sent(tmp_path, capsys):
     assert captured.err.splitlines()[-1].startswith("kiln warm: the server sent /history/") and "Traceback" not in (
         captured.out + captured.err)
     assert "'s answer not as JSON (JSONDecodeError: " in captured.err
+
+
+def test_a_prompt_error_from_the_server_reaches_the_terminal_line_by_line_without_control_characters():
+    from kiln.client.comfy import execution_error_text
+
+    data = {"node_id": "9", "node_type": "KSampler\x1b[2J", "exception_type": "RuntimeError",
+            "exception_message": "boom\x1b]0;x\x07\nsecond line\n" + "more\n" * 100}
+    text = execution_error_text("execution_error", data)
+    assert text.startswith("node 9 (KSampler?[2J): RuntimeError: boom?]0;x?\nsecond line\nmore")
+    assert text.count("\n") == 39 and "\x1b" not in text
+    assert execution_error_text("execution_interrupted", {"node_id": "9", "node_type": "KSampler"}) == \
+        "interrupted on the server at node 9 (KSampler)"

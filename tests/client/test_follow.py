@@ -178,6 +178,23 @@ def test_a_progress_event_that_is_no_record_says_what_the_server_sent(event, say
 
 
 def test_a_long_progress_text_is_cut():
-    from kiln.client.follow import printable
+    from kiln.client.comfy import printable
 
     assert printable("x" * 1000) == "x" * 197 + "..." and printable("ok") == "ok"
+
+
+def test_node_text_and_titles_reach_the_terminal_without_control_characters():
+    """A hostile server's node text, or a stranger's workflow's node title, cannot move the cursor,
+    clear the screen or retitle the terminal: their control characters are shown as '?'."""
+    import struct
+
+    from kiln.client.follow import _progress_text, _title
+
+    prompt = {"2": {"class_type": "KilnCompileUNet", "_meta": {"title": "Kiln\x1b]0;pwned\x07"}}}
+    assert _title(prompt, "2") == "Kiln?]0;pwned? (2)"
+    run, shown_lines = PromptRun("p1", 0.0, started=0.0), []
+    display = Display()
+    display.note = shown_lines.append
+    text = "compiled\x1b[2J graph 0".encode()
+    _progress_text(struct.pack(">II", 3, 1) + b"2" + text, run, {"2": _title(prompt, "2")}, display)
+    assert run.kiln_lines == shown_lines == ["Kiln?]0;pwned? (2): compiled?[2J graph 0"]
