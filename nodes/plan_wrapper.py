@@ -150,12 +150,8 @@ def show_text(node_id: str, text: str) -> None:
 def send_events(node_id: str, events: list) -> None:
     """Send each CompileEvent to the client that queued the running prompt, as a COMPILE_EVENT
     websocket message (what `kiln queue` reads; ComfyUI's page passes it by)."""
-    server = _prompt_server()
-    if server is None:
-        return
     for event in events:
-        server.send_sync(COMPILE_EVENT, event.message(str(getattr(server, "last_prompt_id", "") or ""), node_id),
-                         getattr(server, "client_id", None))
+        _send(COMPILE_EVENT, event, node_id)
 
 
 def _prompt_server():
@@ -189,9 +185,16 @@ def progress_bar(work: str = "compile"):
 def send_progress(progress: WorkProgress) -> None:
     """Send `progress` as a WORK_PROGRESS websocket message for the node that runs now (the sampler,
     during a compile: ComfyUI's own progress bar is that node's too); headless, nothing."""
+    _send(WORK_PROGRESS, progress, None)
+
+
+def _send(kind: str, record, node_id) -> None:
+    """Send an events.py record as a websocket message of type `kind` to the client that queued the
+    running prompt, for `node_id` (None: the node that runs now). Headless, nothing."""
     server = _prompt_server()
     if server is None:
         return
-    node_id = str(getattr(server, "last_node_id", "") or "")
-    server.send_sync(WORK_PROGRESS, progress.message(str(getattr(server, "last_prompt_id", "") or ""), node_id),
+    if node_id is None:
+        node_id = str(getattr(server, "last_node_id", "") or "")
+    server.send_sync(kind, record.message(str(getattr(server, "last_prompt_id", "") or ""), node_id),
                      getattr(server, "client_id", None))
