@@ -18,24 +18,35 @@ WORK_PROGRESS = "kiln.progress"  # a compile or quantization under way
 _KINDS = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
 
-def _record_from(cls, data: dict, name: str):
-    """The record of class `cls` in a message's data ({"event": {...}}); ValueError naming the field
-    that is missing or of the wrong type ('a Kiln compile event whose 'seconds' is '1.5', not float')."""
-    record = data.get("event") if isinstance(data, dict) else None
-    if not isinstance(record, dict):
-        raise ValueError(f"a Kiln {name} without its record ('event', a JSON object)")
-    values = {}
-    for field in fields(cls):
-        kind = _KINDS[str(field.type)]
-        value = record.get(field.name, None if field.default is MISSING else field.default)
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise ValueError(f"a Kiln {name} whose {field.name!r} is {value!r}, not {field.type}")
-        values[field.name] = value
-    return cls(**values)
+class _Record:
+    """What both records share: the websocket message's data they travel in, and reading it back
+    with every field checked. NAME says which record it is in an error."""
+
+    NAME = "record"
+
+    def message(self, prompt_id: str, node_id: str) -> dict:
+        """The websocket message's data: which prompt and node it belongs to, and the record."""
+        return {"prompt_id": prompt_id, "node": node_id, "event": asdict(self)}
+
+    @classmethod
+    def from_message(cls, data: dict):
+        """The record in a message's data ({"event": {...}}); ValueError naming the field that is
+        missing or of the wrong type ('a Kiln compile event whose 'seconds' is '1.5', not float')."""
+        record = data.get("event") if isinstance(data, dict) else None
+        if not isinstance(record, dict):
+            raise ValueError(f"a Kiln {cls.NAME} without its record ('event', a JSON object)")
+        values = {}
+        for field in fields(cls):
+            kind = _KINDS[str(field.type)]
+            value = record.get(field.name, None if field.default is MISSING else field.default)
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+                raise ValueError(f"a Kiln {cls.NAME} whose {field.name!r} is {value!r}, not {field.type}")
+            values[field.name] = value
+        return cls(**values)
 
 
 @dataclass(frozen=True)
-class CompileEvent:
+class CompileEvent(_Record):
     """One graph compiled: its number, the time it took (TorchDynamo's capture, Kiln's passes and
     the lowering, to a tenth of a second, as shown), how it was lowered ("fx", "inductor", ...),
     whether its shapes are symbolic, the block region it compiles ("" for the whole model) and why
@@ -48,6 +59,8 @@ class CompileEvent:
     reason: str
     region: str = ""
 
+    NAME = "compile event"
+
     @property
     def variant(self) -> str:
         """'inductor, dynamic shapes': how the graph was lowered, and for which shapes."""
@@ -59,18 +72,9 @@ class CompileEvent:
         region = f" for region {self.region}" if self.region else ""
         return f"Kiln compiled graph {self.index} in {self.seconds:.1f}s ({self.variant}){region}: {self.reason}"
 
-    def message(self, prompt_id: str, node_id: str) -> dict:
-        """The websocket message's data: which prompt and node it belongs to, and the record."""
-        return {"prompt_id": prompt_id, "node": node_id, "event": asdict(self)}
-
-    @classmethod
-    def from_message(cls, data: dict) -> "CompileEvent":
-        """The record in a COMPILE_EVENT message's data; ValueError naming what is missing or wrong."""
-        return _record_from(cls, data, "compile event")
-
 
 @dataclass(frozen=True)
-class WorkProgress:
+class WorkProgress(_Record):
     """How far one of Kiln's long jobs is: the job ("compile", "quantize"), what it does now
     ('region 3/11 ResBlock#2: pass fuse_geglu'), and how many of its parts (regions, passes,
     layers) are done of how many."""
@@ -80,15 +84,8 @@ class WorkProgress:
     done: int
     total: int
 
+    NAME = "progress event"
+
     def line(self) -> str:
         """'Kiln compile 3/11: region 4/11 ResBlock#2: pass fuse_geglu'."""
         return f"Kiln {self.work} {self.done}/{self.total}: {self.what}"
-
-    def message(self, prompt_id: str, node_id: str) -> dict:
-        """The WORK_PROGRESS message's data: which prompt and node it belongs to, and the record."""
-        return {"prompt_id": prompt_id, "node": node_id, "event": asdict(self)}
-
-    @classmethod
-    def from_message(cls, data: dict) -> "WorkProgress":
-        """The record in a WORK_PROGRESS message's data; ValueError naming what is missing or wrong."""
-        return _record_from(cls, data, "progress event")
