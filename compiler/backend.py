@@ -13,7 +13,6 @@ from typing import Optional
 import torch
 
 from . import compat
-from .compat import is_weight
 from .cache import GraphCache, entry_fields, graph_hash
 from .cuda_graph_budget import CudaGraphBudget
 from .fusible import nothing_to_fuse
@@ -40,7 +39,7 @@ def _user_input_shapes(gm: torch.fx.GraphModule) -> list[list]:
     """Shapes of graph inputs that are not parameters or buffers (the activations)."""
     shapes = []
     for node in gm.graph.nodes:
-        if node.op != "placeholder" or is_weight(node):
+        if node.op != "placeholder" or compat.is_weight(node):
             continue
         val = node.meta.get("example_value")
         if isinstance(val, torch.Tensor):
@@ -187,7 +186,7 @@ class KilnBackend:
         idle = nothing_to_fuse(gm) if self._may_keep_eager(device) else None
         if idle is not None:
             return self._keep_eager(gm, idle, reason, breaks, capture, start, index)
-        graph = graph_hash(gm, is_weight) if self._caching() else ""  # the captured structure, before the passes
+        graph = graph_hash(gm, compat.is_weight) if self._caching() else ""  # the captured structure, before the passes
         ctx = PassContext(device_type=device, triton=triton_available() and device == "cuda",
                           grad_enabled=torch.is_grad_enabled(), inductor=lowering.uses_inductor, mode=self.options.mode)
         total = len(PASSES) + 1
@@ -222,10 +221,7 @@ class KilnBackend:
             seconds=time.perf_counter() - start, dynamic=dynamic, capture_seconds=capture, graph_breaks=breaks,
             region=self.region,
         )
-        self._capture_from = time.perf_counter()
-        self._breaks_seen = compat.graph_break_count()
-        self.stats.compiles.append(record)
-        self.graphs += 1  # counted once recorded: TorchDynamo may call a backend again for one graph (a restarted capture)
+        self._recorded(record)
         log.info("Kiln compiled %s", record.line())
         budget = self._budget(device)
         if budget is None and (not dynamic or self.region):
@@ -238,7 +234,7 @@ class KilnBackend:
         def lower_static(graph_module, args):
             placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
             shapes = ", ".join("x".join(map(str, a.shape)) for n, a in zip(placeholders, args)
-                               if isinstance(a, torch.Tensor) and not is_weight(n))
+                               if isinstance(a, torch.Tensor) and not compat.is_weight(n))
             return lower(graph_module, args, f"graph {index} static {shapes}")[0]
 
         return ShapeDispatcher(captured, lowered, lower_static if specialisable else None, self.options.shapes,
@@ -265,14 +261,18 @@ class KilnBackend:
             index=index, reason=f"{reason}; kept eager, {why}", lowering="eager", input_shapes=_user_input_shapes(gm),
             nodes=len(gm.graph.nodes), rewrites={}, skipped={}, seconds=time.perf_counter() - start,
             dynamic=_is_dynamic(gm), capture_seconds=capture, graph_breaks=breaks, region=self.region)
-        self.stats.compiles.append(record)
-        self.graphs += 1
-        self._capture_from = time.perf_counter()
-        self._breaks_seen = compat.graph_break_count()
+        self._recorded(record)
         total = len(PASSES) + 1
         self.report(f"kept eager: {why}", total, total)
         log.info("%s", record.line())
         return gm.forward
+
+    def _recorded(self, record: GraphCompile) -> None:
+        """Keep a graph's record; TorchDynamo captures the call's next graph from now."""
+        self.stats.compiles.append(record)
+        self.graphs += 1  # counted once recorded: TorchDynamo may call a backend again for one graph (a restarted capture)
+        self._capture_from = time.perf_counter()
+        self._breaks_seen = compat.graph_break_count()
 
     def _caching(self) -> bool:
         return self.cache is not None and self.options.lowering.uses_inductor

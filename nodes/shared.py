@@ -19,8 +19,7 @@ DYNAMIC = {"auto": None, "true": True, "false": False}  # the dynamic widget's c
 
 def mode_widget() -> tuple:
     """The compile mode widget: choices.py's modes, each described in the tooltip."""
-    return (list(COMPILE_MODES), {"default": DEFAULT_MODE,
-                                          "tooltip": tooltip(COMPILE_MODES)})
+    return (list(COMPILE_MODES), {"default": DEFAULT_MODE, "tooltip": tooltip(COMPILE_MODES)})
 
 
 def cache_mode_widget() -> tuple:
