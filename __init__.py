@@ -24,11 +24,13 @@ if __package__:
 
     if "comfy" in _sys.modules:  # loaded by ComfyUI as a custom node pack (ComfyUI imports comfy first)
         from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
-        from .nodes.plan_wrapper import missing_extension_points as _missing_extension_points
+        from .nodes import plan_wrapper as _plan_wrapper
 
-        _missing = _missing_extension_points()
+        _missing = _plan_wrapper.missing_extension_points()
         if _missing:
             _log.error("Kiln: %s; Kiln's nodes pass models through unchanged and say so in their report", _missing)
+        else:
+            _log.log(*_plan_wrapper.comfyui_range_note(_plan_wrapper.comfyui_version()))
 
 __all__ = ["compile", "stats", "quantize", "quant_report", "save_quantized", "load_quantized", "QuantizeError",
            "QuantReport", "QuantizeOptions", "LayerPolicy", "CompileOptions", "CacheOptions", "KilnModel", "KilnPlan",

@@ -10,6 +10,7 @@ that decides what runs (the plan's steps, eager fallback, cancel, shape hints) i
 from __future__ import annotations
 
 import logging
+import re
 
 from ..events import COMPILE_EVENT, WORK_PROGRESS, WorkProgress
 
@@ -19,6 +20,8 @@ PLAN_KEY = "kiln_plan"              # model_options[PLAN_KEY]: the KilnPlan
 WRAPPER_KEY = "kiln.compile"        # APPLY_MODEL wrapper key
 CORE_COMPILE_KEY = "torch.compile"  # ComfyUI core's TorchCompileModel wrapper
 MIN_COMFYUI = "0.3.7"               # the first ComfyUI with comfy.patcher_extension's model wrappers
+# The oldest and the newest ComfyUI that Kiln's tests pass on; the first is pyproject.toml's requires-comfyui.
+TESTED_COMFYUI = ("0.8.0", "0.33.0")
 
 
 def missing_extension_points() -> str:
@@ -28,13 +31,40 @@ def missing_extension_points() -> str:
 
         WrappersMP.APPLY_MODEL  # noqa: B018
     except (ImportError, AttributeError) as exc:
-        try:
-            from comfyui_version import __version__ as version
-        except ImportError:
-            version = "unknown"
-        return (f"this ComfyUI (version {version}) has no model wrappers ({exc}); Kiln needs ComfyUI {MIN_COMFYUI} "
-                "or newer")
+        return (f"this ComfyUI (version {comfyui_version()}) has no model wrappers ({exc}); Kiln needs ComfyUI "
+                f"{MIN_COMFYUI} or newer")
     return ""
+
+
+def comfyui_version() -> str:
+    """The running ComfyUI's version ("unknown" where it does not say)."""
+    try:
+        from comfyui_version import __version__ as version
+    except ImportError:
+        return "unknown"
+    return str(version)
+
+
+def comfyui_range_note(version: str) -> tuple[int, str]:
+    """(log level, line) saying where ComfyUI `version` stands against TESTED_COMFYUI: a warning when it is older
+    than the oldest tested, an info line otherwise (newer than the newest tested is said, not refused)."""
+    oldest, newest = TESTED_COMFYUI
+    tested = f"Kiln is tested on ComfyUI {oldest} to {newest}"
+    number = _release(version)
+    if number is None:
+        return logging.INFO, f"Kiln on a ComfyUI of unknown version {version!r}; {tested}"
+    if number < _release(oldest):
+        return logging.WARNING, (f"Kiln on ComfyUI {version}, older than {oldest}: {tested}; if a Kiln node fails "
+                                 f"here, update ComfyUI first")
+    if number > _release(newest):
+        return logging.INFO, f"Kiln on ComfyUI {version}, newer than Kiln's tests have seen; {tested}"
+    return logging.INFO, f"Kiln on ComfyUI {version}; {tested}"
+
+
+def _release(version: str):
+    """(major, minor, patch) of a version such as "0.33.0" or "0.8.0rc1"; None if it is not one."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    return None if match is None else tuple(int(part or 0) for part in match.groups())
 
 
 def declare(model_patcher, show_cache_on: str = "", show_compile_on: str = "", **part):
