@@ -8,7 +8,7 @@ eager twin, so the times compare side by side. Prints the time per prompt and ev
         --checkpoint rand_sd15_tiny.safetensors --lora rand_lora_tiny.safetensors \\
         --controlnet my_controlnet.pth --out load-run/
 
-The workflow is the SD1.5 ControlNet example (workflows/kiln_sd15_controlnet_api.json) with a LoRA
+The workflow is the SD1.5 ControlNet example (workflows/api/kiln_sd15_controlnet_api.json) with a LoRA
 after Compile UNet. Exit status 0 when every check holds, 1 otherwise, 2 on bad usage.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..client.queue import run_all
 from ..client.workflow import KILN_COMPILE_NODES, check_prompt, without_nodes
 from ..events import CompileEvent
 
-WORKFLOW = Path(__file__).parents[1] / "workflows" / "kiln_sd15_controlnet_api.json"
+WORKFLOW = Path(__file__).parents[1] / "workflows" / "api" / "kiln_sd15_controlnet_api.json"
 LORA_NODE = "100"
 SIZES = ((192, 192), (256, 192), (192, 256), (256, 256))
 BATCHES = (1, 2)

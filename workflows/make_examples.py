@@ -1,6 +1,7 @@
 """Writes Kiln's example workflows: each in ComfyUI's UI format (what a user drags onto the canvas:
-nodes with positions, links, a Kiln group and a Note) and its API twin (what `kiln queue` and
-ComfyUI's /prompt take), for SD1.5, SDXL and Flux.
+nodes with positions, links, a Kiln group and a Note) and its API twin in api/ (what `kiln queue` and
+ComfyUI's /prompt take), for SD1.5, SDXL and Flux. ComfyUI's Templates browser lists the JSON files
+directly in workflows/ and opens them as UI workflows, so the API twins live one folder down.
 
     python workflows/make_examples.py --object-info object_info.json   # or --server http://127.0.0.1:8188
 
@@ -16,9 +17,14 @@ import json
 import urllib.request
 from pathlib import Path
 
+from kiln import __version__
 from kiln.client.workflow import extra_widget_values, input_specs, is_widget, spec_options, spec_type
 
 HERE = Path(__file__).parent
+API_FOLDER = "api"
+# Kiln's nodes carry the pack's registry id and version, which the frontend offers to install when they are missing.
+PACK_PROPERTIES = {"cnr_id": "comfyui-kiln", "ver": __version__}
+IMAGE_PREVIEW_HEIGHT = 330  # the frontend's smallest size for a node that previews an uploaded image (LoadImage)
 
 FAMILIES = {
     "sd15": dict(checkpoint="v1-5-pruned-emaonly.safetensors", size=(512, 512), steps=20, cfg=7.0,
@@ -230,12 +236,17 @@ def to_ui(api: dict, object_info: dict, note: str) -> dict:
             inputs.append(entry)
         height = 46 + 22 * max(len(inputs), len(info["output"])) + 26 * len(widgets)
         height += 100 * sum(isinstance(w, str) and len(w) > 30 for w in widgets)
+        if any(spec_options(spec).get("image_upload") for _, spec in input_specs(info)):
+            height = max(height, IMAGE_PREVIEW_HEIGHT)
+        properties = {"Node name for S&R": node["class_type"]}
+        if node["class_type"].startswith("Kiln"):
+            properties.update(PACK_PROPERTIES)
         outputs = [{"name": name, "type": kind, "links": [], "slot_index": slot}
                    for slot, (name, kind) in enumerate(zip(info["output_name"], info["output"]))]
         nodes.append({"id": int(node_id), "type": node["class_type"], "pos": [40 + 380 * columns[node_id], 0],
                       "size": [340, height], "flags": {}, "order": len(nodes), "mode": 0, "inputs": inputs,
                       "outputs": outputs, "title": node["_meta"]["title"],
-                      "properties": {"Node name for S&R": node["class_type"]}, "widgets_values": widgets})
+                      "properties": properties, "widgets_values": widgets})
     for ui in nodes:
         for output in ui["outputs"]:
             output["links"] = outputs_links.get((str(ui["id"]), output["slot_index"]), [])
@@ -248,7 +259,7 @@ def to_ui(api: dict, object_info: dict, note: str) -> dict:
                   "widgets_values": [note], "color": "#432", "bgcolor": "#653"})
     return {"last_node_id": note_id, "last_link_id": len(links), "nodes": nodes, "links": links,
             "groups": [kiln_group(kiln)] if kiln else [], "config": {},
-            "extra": {"ds": {"scale": 0.8, "offset": [0, 0]}}, "version": 0.4}
+            "extra": {"ds": {"scale": 0.7, "offset": [80, 40]}}, "version": 0.4}
 
 
 def stack(nodes: list[dict], top: int) -> int:
@@ -289,7 +300,8 @@ def examples() -> dict[str, tuple[dict, str]]:
 def write_all(object_info: dict, folder: Path = HERE) -> list[Path]:
     written = []
     for stem, (api, note) in examples().items():
-        for path, data in ((folder / f"{stem}_api.json", api), (folder / f"{stem}.json", to_ui(api, object_info, note))):
+        for path, data in ((folder / API_FOLDER / f"{stem}_api.json", api),
+                           (folder / f"{stem}.json", to_ui(api, object_info, note))):
             path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
             written.append(path)
     return written
@@ -307,7 +319,7 @@ def main() -> None:
     else:
         object_info = json.loads(Path(args.object_info).read_text())
     for path in write_all(object_info):
-        print(path.name)
+        print(path.relative_to(HERE))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import pytest
 from kiln.cli import main
 from kiln.client.comfy import apply_sets, parse_shapes, with_shape
 
-WORKFLOW = Path(__file__).parents[2] / "workflows" / "kiln_sd15_cache_api.json"
+WORKFLOW = Path(__file__).parents[2] / "workflows" / "api" / "kiln_sd15_cache_api.json"
 
 
 class FakeComfy(BaseHTTPRequestHandler):

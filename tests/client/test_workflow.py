@@ -164,7 +164,7 @@ def test_an_upload_buttons_value_comes_after_all_the_widgets():
 
 
 def test_without_nodes_takes_kilns_compile_nodes_out_and_rewires_their_consumers():
-    prompt = json.loads((Path(__file__).parents[2] / "workflows" / "kiln_sd15_all_api.json").read_text())
+    prompt = json.loads((Path(__file__).parents[2] / "workflows" / "api" / "kiln_sd15_all_api.json").read_text())
     eager = without_nodes(prompt, KILN_COMPILE_NODES)
     assert {v["class_type"] for v in eager.values()} == {v["class_type"] for v in prompt.values()} - set(KILN_COMPILE_NODES)
     assert "KilnQuantizeModel" in {v["class_type"] for v in eager.values()}  # changes the weights: stays

@@ -39,7 +39,7 @@ from comfy_testing import save_tiny_controlnet  # noqa: E402
 
 REPO = Path(__file__).parents[2]
 FOLDER = REPO / "workflows"
-API_FILES = sorted(FOLDER.glob("*_api.json"))
+API_FILES = sorted((FOLDER / "api").glob("*_api.json"))
 PORT = 8191
 
 
@@ -113,14 +113,53 @@ def test_an_api_workflow_passes_the_servers_node_definitions(server, path):
 @pytest.mark.parametrize("path", API_FILES, ids=lambda p: p.name)
 def test_a_ui_file_converts_to_its_api_twin(server, path):
     _, object_info, _ = server
-    ui = json.loads(path.with_name(path.name.replace("_api.json", ".json")).read_text())
+    ui = json.loads((FOLDER / path.name.replace("_api.json", ".json")).read_text())
     got, want = ui_to_api(ui, object_info), json.loads(path.read_text())
     assert {k: (v["class_type"], v["inputs"]) for k, v in got.items()} == \
         {k: (v["class_type"], v["inputs"]) for k, v in want.items()}
 
 
-def test_comfyuis_own_frontend_loads_every_ui_file_as_its_api_twin(server):
-    """What a drag-and-drop does: the frontend loads the UI file and graphToPrompt() gives the prompt."""
+# Text the frontend shows the user about a loaded workflow: toasts, alerts and dialogs (missing nodes or models,
+# schema errors, "created with a newer version").
+MESSAGES_JS = """
+const out = [];
+for (const e of document.querySelectorAll('.p-toast-message, [role=alert], [role=alertdialog], [role=dialog]')) {
+  const text = (e.innerText || '').trim();
+  if (text) out.push(text.slice(0, 400));
+}
+return out;"""
+
+LOAD_JS = """
+const [workflow, done] = arguments;
+(async () => {
+  try {
+    await app.loadGraphData(workflow);
+    await new Promise(resolve => setTimeout(resolve, 500));  // the frontend's checks after a load
+    const missing = workflow.nodes.map(n => n.type).filter(t => !LiteGraph.registered_node_types[t]);
+    done({output: (await app.graphToPrompt()).output, missing});
+  } catch (e) { done({error: String(e)}); }
+})();"""
+
+# What the Templates browser does with an entry: fetch the pack's file and load it as a UI workflow.
+TEMPLATES_JS = """
+const done = arguments[0];
+(async () => {
+  const packs = await (await fetch('/api/workflow_templates')).json();
+  const opened = {};
+  for (const [pack, names] of Object.entries(packs)) {
+    for (const name of names) {
+      const workflow = await (await fetch(`/api/workflow_templates/${pack}/${name}.json`)).json();
+      await app.loadGraphData(workflow);
+      opened[`${pack}/${name}`] = app.graph.nodes.length;
+    }
+  }
+  done(opened);
+})();"""
+
+
+@pytest.fixture(scope="module")
+def frontend(server):
+    """ComfyUI's own frontend in headless Chromium, opened on the test server, ready to load workflows."""
     webdriver = pytest.importorskip("selenium.webdriver")
     if not shutil.which("chromium") or not shutil.which("chromedriver"):
         pytest.skip("Chromium and chromedriver are not installed")
@@ -130,10 +169,10 @@ def test_comfyuis_own_frontend_loads_every_ui_file_as_its_api_twin(server):
     url, _, _ = server
     options = Options()
     options.binary_location = shutil.which("chromium")
-    for arg in ("--headless=new", "--no-sandbox"):
+    for arg in ("--headless=new", "--no-sandbox", "--window-size=1600,1000"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-    driver.set_script_timeout(60)
+    driver.set_script_timeout(120)
     try:
         driver.get(url)
         deadline = time.monotonic() + 60
@@ -141,23 +180,33 @@ def test_comfyuis_own_frontend_loads_every_ui_file_as_its_api_twin(server):
             assert time.monotonic() < deadline, "ComfyUI's frontend did not load"
             time.sleep(0.5)
         time.sleep(3)  # the frontend registers node definitions after app.graph exists
-        for path in API_FILES:
-            ui = json.loads(path.with_name(path.name.replace("_api.json", ".json")).read_text())
-            result = driver.execute_async_script("""
-                const [workflow, done] = arguments;
-                (async () => {
-                  try {
-                    await app.loadGraphData(workflow);
-                    const missing = workflow.nodes.map(n => n.type).filter(t => !LiteGraph.registered_node_types[t]);
-                    done({output: (await app.graphToPrompt()).output, missing});
-                  } catch (e) { done({error: String(e)}); }
-                })();""", ui)
-            assert "error" not in result and result["missing"] == [], (path.name, result)
-            want = json.loads(path.read_text())
-            assert {k: (v["class_type"], v["inputs"]) for k, v in result["output"].items()} == \
-                {k: (v["class_type"], v["inputs"]) for k, v in want.items()}, path.name
+        yield driver
     finally:
         driver.quit()
+
+
+def test_comfyuis_own_frontend_loads_every_ui_file_as_its_api_twin(frontend):
+    """What a drag-and-drop does: the frontend loads the UI file, says nothing about it (no missing node or
+    model, no schema warning), and graphToPrompt() gives the prompt."""
+    already_shown = set(frontend.execute_script(MESSAGES_JS))  # the frontend's own start-up messages, if any
+    for path in API_FILES:
+        ui = json.loads((FOLDER / path.name.replace("_api.json", ".json")).read_text())
+        result = frontend.execute_async_script(LOAD_JS, ui)
+        assert "error" not in result and result["missing"] == [], (path.name, result)
+        shown = [text for text in frontend.execute_script(MESSAGES_JS) if text not in already_shown]
+        assert shown == [], (path.name, shown)
+        want = json.loads(path.read_text())
+        assert {k: (v["class_type"], v["inputs"]) for k, v in result["output"].items()} == \
+            {k: (v["class_type"], v["inputs"]) for k, v in want.items()}, path.name
+
+
+def test_every_templates_browser_entry_opens_as_a_graph(frontend):
+    """The Templates browser lists the pack's workflows/*.json and opens each as a UI workflow: every entry is
+    one of the UI files and opens with its nodes (an API file there would open as an empty graph)."""
+    opened = frontend.execute_async_script(TEMPLATES_JS)
+    ui_files = {path.stem: len(json.loads(path.read_text())["nodes"]) for path in FOLDER.glob("*.json")}
+    assert {entry.split("/", 1)[1]: nodes for entry, nodes in opened.items()
+            if entry.startswith("comfyui-kiln/")} == ui_files
 
 
 # ---- running the SD1.5 workflows ------------------------------------------------------------
@@ -202,7 +251,7 @@ def test_an_sd15_workflow_runs_and_gives_the_image_it_gives_without_kiln(server,
     from PIL import Image
 
     url, _, _ = server
-    api = small(json.loads((FOLDER / f"{stem}_api.json").read_text()))
+    api = small(json.loads((FOLDER / "api" / f"{stem}_api.json").read_text()))
     client = ComfyClient(url, timeout=900)
     kiln_png, eager_png = run(client, api, url), run(client, without_nodes(api, KILN_COMPILE_NODES), url)
     kiln_image, eager_image = (np.asarray(Image.open(io.BytesIO(png)), dtype=np.float64) for png in (kiln_png, eager_png))

@@ -13,8 +13,9 @@ from kiln.client.workflow import input_specs, is_widget
 from kiln.nodes import NODE_CLASS_MAPPINGS
 
 FOLDER = Path(__file__).parents[2] / "workflows"
-API_FILES = sorted(FOLDER.glob("*_api.json"))
-UI_FILES = sorted(p for p in FOLDER.glob("*.json") if not p.name.endswith("_api.json"))
+API_FOLDER = FOLDER / "api"
+API_FILES = sorted(API_FOLDER.glob("*_api.json"))
+UI_FILES = sorted(FOLDER.glob("*.json"))
 
 
 def load_generator():
@@ -28,7 +29,7 @@ make_examples = load_generator()
 
 
 def twin(ui_path: Path) -> dict:
-    return json.loads((FOLDER / f"{ui_path.stem}_api.json").read_text())
+    return json.loads((API_FOLDER / f"{ui_path.stem}_api.json").read_text())
 
 
 def test_every_family_and_variant_exists_in_both_formats():
@@ -43,7 +44,7 @@ def test_the_api_files_are_what_the_generator_builds():
     built = make_examples.examples()
     assert set(built) == {p.name[: -len("_api.json")] for p in API_FILES}
     for stem, (api, _) in built.items():
-        assert json.loads((FOLDER / f"{stem}_api.json").read_text()) == api, f"{stem}: run workflows/make_examples.py"
+        assert json.loads((API_FOLDER / f"{stem}_api.json").read_text()) == api, f"{stem}: run workflows/make_examples.py"
 
 
 def test_the_user_model_names_are_the_ones_users_have():
