@@ -9,6 +9,7 @@ that decides what runs (the plan's steps, eager fallback, cancel, shape hints) i
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 
@@ -77,7 +78,7 @@ def declare(model_patcher, show_cache_on: str = "", show_compile_on: str = "", *
 
     from ..compiler import KilnPlan
 
-    patched = model_patcher.clone()
+    patched = static_clone(model_patcher)
     before = patched.model_options.get(PLAN_KEY) or KilnPlan()
     plan = before.with_parts(**part)
     patched.model_options[PLAN_KEY] = plan
@@ -87,6 +88,15 @@ def declare(model_patcher, show_cache_on: str = "", show_compile_on: str = "", *
     return patched, plan, _install(patched, KilnApplyModel(plan, show_cache_on, show_compile_on))
 
 
+def static_clone(model_patcher):
+    """A clone of `model_patcher` that is not one of ComfyUI's dynamic-VRAM patchers (ComfyUI 0.33+ on a CUDA GPU
+    streams weights through comfy-aimdo's allocator, which compiled code must not trace through): what core's
+    TorchCompileModel takes too (`clone(disable_dynamic=True)`; elsewhere, and on older ComfyUIs, a plain clone)."""
+    if inspect.signature(model_patcher.clone).parameters.get("disable_dynamic") is None:
+        return model_patcher.clone()
+    return model_patcher.clone(disable_dynamic=True)
+
+
 class KilnApplyModel:
     """The APPLY_MODEL wrapper: runs the diffusion model as the plan's KilnModel."""
 
@@ -94,12 +104,18 @@ class KilnApplyModel:
         self.plan = plan
         self.show_cache_on = show_cache_on      # node id that shows cache hits and misses in ComfyUI's UI
         self.show_compile_on = show_compile_on  # node id that shows compiles and shape variants
+        self.said_core_skipped = False          # CORE_SKIPPED is said once per wrapper
 
     def __call__(self, executor, *args, **kwargs):
         import comfy.utils
 
         from ..compiler import model_for
 
+        executor, skipped_core = without_core_compile(executor, args, kwargs)
+        if skipped_core and not self.said_core_skipped:
+            self.said_core_skipped = True
+            log.warning("Kiln: %s", CORE_SKIPPED)
+            show_text(self.show_compile_on, f"Kiln: {CORE_SKIPPED}")
         base_model = executor.class_obj
         original = comfy.utils.get_attr(base_model, "diffusion_model")
         kiln_model = model_for(original, self.plan, progress=progress_bar())
@@ -113,6 +129,28 @@ class KilnApplyModel:
             if self.show_cache_on and len(stats.cache) > cache:
                 show_text(self.show_cache_on, "\n".join(e.line() for e in stats.cache[cache:]))
             show_compiles_since(self.show_compile_on, stats, compiles)
+
+
+CORE_REPLACED = "replaced ComfyUI's TorchCompileModel wrapper (two compilers cannot both own the model)"
+CORE_SKIPPED = ("ComfyUI's TorchCompileModel comes after Kiln in this model's chain; Kiln compiles the model and "
+                "skips core's compile wrapper (two compilers cannot both own the model)")
+
+
+def without_core_compile(executor, args, kwargs):
+    """(executor, skipped): `executor` without ComfyUI core's TorchCompileModel wrapper among the APPLY_MODEL
+    wrappers still to run (a core compile node placed after Kiln's swaps its own compiled module in for Kiln's), and
+    whether it had one. The wrappers still to run are the executor's after its index; core's are the ones under
+    core's key in the call's transformer_options."""
+    from comfy.patcher_extension import WrapperExecutor, WrappersMP, get_wrappers_with_key
+
+    options = args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
+    core = get_wrappers_with_key(WrappersMP.APPLY_MODEL, CORE_COMPILE_KEY, options or {})
+    still_to_run = executor.wrappers[executor.idx + 1:]
+    kept = [wrapper for wrapper in still_to_run if not any(wrapper is c for c in core)]
+    if len(kept) == len(still_to_run):
+        return executor, False
+    this_one = executor.wrappers[executor.idx]  # calling the new executor runs what follows it: kept
+    return WrapperExecutor.new_class_executor(executor.original, executor.class_obj, [this_one, *kept]), True
 
 
 class ShowCompiles:
@@ -163,7 +201,7 @@ def _install(model_patcher, wrapper) -> str:
     note = ""
     if model_patcher.get_wrappers(WrappersMP.APPLY_MODEL, CORE_COMPILE_KEY):
         model_patcher.remove_wrappers_with_key(WrappersMP.APPLY_MODEL, CORE_COMPILE_KEY)
-        note = "replaced ComfyUI's TorchCompileModel wrapper (two compilers cannot both own the model)"
+        note = CORE_REPLACED
     model_patcher.remove_wrappers_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY)
     model_patcher.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, wrapper)
     return note
