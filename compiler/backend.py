@@ -129,9 +129,11 @@ class KilnBackend:
         self.before_call()
         try:
             out = call()
-        except compat.compile_failure_types() as exc:
+        except Exception as exc:
             if self.interrupt is not None:  # cancelled, not failed
                 raise self.interrupt from None
+            if not (isinstance(exc, compat.compile_failure_types()) or compat.failed_while_capturing(exc)):
+                raise  # the model's own error, compiled or not
             fall_back(f"compile failed: {compat.describe_compile_failure(exc)}", exc)
             return eager()
         else:

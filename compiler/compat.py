@@ -6,6 +6,7 @@ which torch versions it was checked against.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -151,6 +152,22 @@ def compile_failure_types() -> tuple[type, ...]:
     from torch._dynamo.exc import BackendCompilerFailed
 
     return (BackendCompilerFailed,)
+
+
+def failed_while_capturing(exc: BaseException) -> bool:
+    """True if `exc` was raised while TorchDynamo was capturing a frame (its convert_frame.py is on the traceback),
+    not by compiled or eager code running: TorchDynamo's own errors on inputs it cannot wrap (e.g. a tensor subclass
+    whose metadata holds a symbolic torch.Size, ComfyUI 0.33's fp8 activations on torch 2.14) come as a plain
+    AssertionError from there (checked: torch 2.13, 2.14)."""
+    traceback = exc.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code.co_filename.endswith(_CONVERT_FRAME):
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
+_CONVERT_FRAME = os.path.join("torch", "_dynamo", "convert_frame.py")
 
 
 def allow_any_size(tensor, dim: int = 0) -> None:

@@ -294,3 +294,40 @@ def test_regions_with_nothing_to_fuse_are_lowered_where_lowering_pays_anyway():
     assert not may_keep_eager("cuda", mode="fast", cuda_graphs=True)
     options = CompileOptions(mode="balanced")
     assert not KilnBackend(options, KilnStats(options.as_dict()))._may_keep_eager("cpu")  # a whole model
+
+
+def test_a_region_torchdynamo_cannot_capture_runs_eagerly_and_the_others_stay_compiled(monkeypatch, caplog):
+    """TorchDynamo's own error while capturing (not the backend's): ComfyUI 0.33's fp8 activations on torch 2.14
+    raise "AssertionError: Expect size to be a plain tuple of ints" from its input wrapping. Before, that failed the
+    prompt; now the region runs eagerly and says why."""
+    from torch._dynamo.output_graph import OutputGraph
+
+    real = OutputGraph.compile_and_call_fx_graph
+
+    def capture(self, tx, rvals, root, *args, **kwargs):
+        if any(isinstance(v, torch.Tensor) and v.dim() and v.shape[-1] == 32 for v in self.example_inputs()):
+            raise AssertionError("Expect size to be a plain tuple of ints but got torch.Size([s31, s81])")
+        return real(self, tx, rvals, root, *args, **kwargs)
+
+    monkeypatch.setattr(OutputGraph, "compile_and_call_fx_graph", capture)
+    module, x = _net(), torch.randn(2, 8, 3, 5)
+    compiled = kiln.compile(module, mode="fast")
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-6
+        assert rel_err(compiled(x), module(x)) < 1e-6
+    info = kiln.stats(compiled)
+    assert info.fallback is None and [c.region for c in info.compiles] == ["Block#1"]
+    assert "AssertionError: Expect size to be a plain tuple of ints" in info.region_fallbacks["Block#2"]
+    assert "region Block#2 (2 block(s): wide.0...) compile failed" in caplog.text
+
+
+def test_the_models_own_error_still_reaches_the_user():
+    """A shape error TorchDynamo meets while capturing counts as a failed capture (Kiln cannot tell it from
+    TorchDynamo's own), so the model runs eagerly: and there the error is raised as the model raises it."""
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            return x @ torch.ones(3, 3)  # x is (2, 5): the model's own shape error
+
+    compiled = kiln.compile(Broken(), mode="fast")
+    with torch.no_grad(), pytest.raises(RuntimeError, match="cannot be multiplied"):
+        compiled(torch.randn(2, 5))
