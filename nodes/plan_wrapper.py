@@ -175,20 +175,22 @@ class ShowCompiles:
         return getattr(self.kiln_model, name)
 
 
-def compile_mark(stats) -> tuple[int, int]:
-    """Where a model's compiles and shape variants stand, to show what a call added."""
-    return len(stats.compiles), len(stats.variants)
+def compile_mark(stats) -> tuple[int, int, int]:
+    """Where a model's compiles, shape variants and block regions run eagerly stand, to show what a call added."""
+    return len(stats.compiles), len(stats.variants), len(stats.region_fallbacks)
 
 
-def show_compiles_since(node_id: str, stats, mark: tuple[int, int]) -> None:
-    """Show the compiles and new shape variants since `mark` on the node `node_id` (none: nothing), and
-    send each compile's record (events.py) to the client that queued the prompt."""
-    compiles, variants = mark
+def show_compiles_since(node_id: str, stats, mark: tuple[int, int, int]) -> None:
+    """Show the compiles, new shape variants and regions that failed to compile since `mark` on the node `node_id`
+    (none: nothing), and send each compile's record (events.py) to the client that queued the prompt."""
+    compiles, variants, failed_regions = mark
     events = [graph.event() for graph in stats.compiles[compiles:]]
     lines = [event.line() for event in events]
     if lines and compiles == 0 and stats.regions:
         lines.insert(0, f"Kiln compiles by blocks: {stats.units_line()}")
     lines += [f"Kiln variant: {v.line()}" for v in stats.variants[variants:] if v.how != "reused"]
+    lines += [f"Kiln: region {name} runs eagerly from now on: {reason}"
+              for name, reason in list(stats.region_fallbacks.items())[failed_regions:]]
     if node_id and lines:
         show_text(node_id, "\n".join(lines))
         send_events(node_id, events)

@@ -107,7 +107,7 @@ def test_a_compile_round_trips_from_the_node_to_kiln_queue(monkeypatch):
     stats.compiles.append(GraphCompile(index=0, reason="first compile\nUser stack trace: ...", lowering="inductor",
                                        input_shapes=[[2, 4, 8, 8]], nodes=9, rewrites={}, skipped={}, seconds=30.04,
                                        dynamic=True, capture_seconds=4.2, region="ResBlock#1"))
-    plan_wrapper.show_compiles_since("2", stats, (0, 0))
+    plan_wrapper.show_compiles_since("2", stats, (0, 0, 0))
 
     prompt = {"2": {"class_type": "KilnCompileUNet", "_meta": {"title": "Kiln › Compile UNet"}}}
     run, display = PromptRun("p1", 0.0, started=0.0), Display()

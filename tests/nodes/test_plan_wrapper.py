@@ -19,3 +19,23 @@ def test_a_clone_is_never_a_dynamic_vram_patcher_as_core_compile_takes_it():
 
 def test_a_comfyui_without_dynamic_vram_gets_a_plain_clone():
     assert static_clone(PatcherBeforeDynamicVram()) == "plain clone"
+
+
+def test_a_region_that_failed_to_compile_is_shown_on_the_node(monkeypatch):
+    import sys
+    import types
+
+    from kiln.compiler import KilnStats
+    from kiln.nodes import plan_wrapper
+
+    shown = []
+    server = types.SimpleNamespace(send_progress_text=lambda text, node_id: shown.append((node_id, text)))
+    monkeypatch.setitem(sys.modules, "server", types.SimpleNamespace(PromptServer=types.SimpleNamespace(instance=server)))
+    stats = KilnStats(options={})
+    mark = plan_wrapper.compile_mark(stats)
+    stats.region_fallbacks["ResBlock#1"] = "compile failed: AssertionError: Expect size to be a plain tuple of ints"
+    plan_wrapper.show_compiles_since("7", stats, mark)
+    assert shown == [("7", "Kiln: region ResBlock#1 runs eagerly from now on: compile failed: AssertionError: "
+                           "Expect size to be a plain tuple of ints")]
+    plan_wrapper.show_compiles_since("7", stats, plan_wrapper.compile_mark(stats))  # nothing new: nothing shown
+    assert len(shown) == 1
