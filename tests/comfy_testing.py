@@ -75,3 +75,12 @@ def make_tiny_controlnet(unet_config=TINY_SD15, seed=7):
     import comfy.controlnet
 
     return comfy.controlnet.ControlNet(controlnet_network(unet_config, seed, std=0.05), load_device=torch.device("cpu"))
+
+
+def kiln_stats(model):
+    """The stats of the KilnModel that Kiln's wrapper on `model` (a MODEL a Kiln node returned) runs."""
+    from kiln.compiler import model_for
+    from kiln.nodes.plan_wrapper import WRAPPER_KEY
+
+    wrapper = model.get_wrappers("apply_model", WRAPPER_KEY)[0]
+    return model_for(model.get_model_object("diffusion_model"), wrapper.plan).stats

@@ -19,10 +19,9 @@ pytest.importorskip("comfy.model_management")  # conftest.py put COMFYUI_PATH on
 import torch  # noqa: E402
 from comfy_api.torch_helpers import set_torch_compile_wrapper  # noqa: E402
 
-from kiln.compiler import model_for  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
-from kiln.nodes.plan_wrapper import CORE_REPLACED, CORE_SKIPPED, WRAPPER_KEY  # noqa: E402
-from comfy_testing import make_tiny_sd15_patcher, sample  # noqa: E402
+from kiln.nodes.plan_wrapper import CORE_REPLACED, CORE_SKIPPED  # noqa: E402
+from comfy_testing import kiln_stats, make_tiny_sd15_patcher, sample  # noqa: E402
 from testing_utils import psnr  # noqa: E402
 
 easycache = pytest.importorskip("comfy_extras.nodes_easycache")
@@ -46,10 +45,6 @@ def kiln(model):
     """Kiln › Compile UNet in mode fast (the default compile unit: blocks); (model, report)."""
     return KilnCompileUNet().compile(model, mode="fast")
 
-
-def kiln_stats(model):
-    wrapper = model.get_wrappers("apply_model", WRAPPER_KEY)[0]
-    return model_for(model.get_model_object("diffusion_model"), wrapper.plan).stats
 
 
 class CountingBackend:

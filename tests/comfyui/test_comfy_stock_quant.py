@@ -20,9 +20,8 @@ import torch  # noqa: E402
 
 quant_ops = pytest.importorskip("comfy.quant_ops")
 
-from kiln.compiler import model_for  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
-from comfy_testing import DETECTABLE_SD15, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
+from comfy_testing import DETECTABLE_SD15, kiln_stats, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
 from testing_utils import psnr, rel_err  # noqa: E402
 
 # format -> (stored dtype, largest stored magnitude): what ComfyUI's own quantizers write, one scale per tensor
@@ -52,10 +51,6 @@ def comfy_quantized(state_dict: dict, file_format: str) -> dict:
 def quantized_weights(model) -> int:
     return sum(isinstance(p, quant_ops.QuantizedTensor) for p in model.model.diffusion_model.parameters())
 
-
-def kiln_stats(model):
-    wrapper = model.get_wrappers("apply_model", "kiln.compile")[0]
-    return model_for(model.get_model_object("diffusion_model"), wrapper.plan).stats
 
 
 @pytest.fixture(autouse=True)
