@@ -155,10 +155,15 @@ def compile_failure_types() -> tuple[type, ...]:
 
 
 def failed_while_capturing(exc: BaseException) -> bool:
-    """True if `exc` was raised while TorchDynamo was capturing a frame (its convert_frame.py is on the traceback),
-    not by compiled or eager code running: TorchDynamo's own errors on inputs it cannot wrap (e.g. a tensor subclass
-    whose metadata holds a symbolic torch.Size, ComfyUI 0.33's fp8 activations on torch 2.14) come as a plain
-    AssertionError from there (checked: torch 2.13, 2.14)."""
+    """True if `exc` is TorchDynamo's own error (one of its exceptions, or an AssertionError) raised while it was
+    capturing a frame (its convert_frame.py is on the traceback), not by compiled or eager code running: its errors
+    on inputs it cannot wrap (e.g. a tensor subclass whose metadata holds a symbolic torch.Size, ComfyUI 0.33's fp8
+    activations on torch 2.14) come as a plain AssertionError from there (checked: torch 2.13, 2.14). Anything else
+    raised there (a host's cancel) is not a failed compile."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    if not isinstance(exc, (AssertionError, TorchDynamoException)):
+        return False
     traceback = exc.__traceback__
     while traceback is not None:
         if traceback.tb_frame.f_code.co_filename.endswith(_CONVERT_FRAME):
