@@ -28,6 +28,7 @@ SCHEMES = {
     "int8_weight": "int8 weights, float activations",
     "int8_dynamic": "int8 weights and activations (int8 GEMM)",
     "fp8_e4m3": "ComfyUI's fp8 format (fp8 GEMM on RTX 40xx/H100 and newer)",
+    "int8_tensorwise": "ComfyUI's int8 format: int8 weights, one scale per tensor (ComfyUI 0.33 loads the file)",
 }
 
 

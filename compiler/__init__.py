@@ -11,7 +11,8 @@ from .plan import KilnPlan, build_options
 from .quantize import (SCHEMES, LayerPolicy, QuantizeError, QuantizeOptions, QuantReport, parse_policy, quant_report,
                        quantize)
 from .quantize import load as load_quantized
-from .quantize import pop_quantized_layer, stored_to_layer
+from .quantize import READER_COMFYUI, READER_KILN, marked_formats, pop_quantized_layer, reader_for, stored_to_layer
+from .quantize import readers as quantized_file_readers
 from .quantize import save as save_quantized
 from .shape_policy import ShapePolicyError
 from .stats import GraphCompile, KilnStats
@@ -21,6 +22,7 @@ __all__ = ["compile", "stats", "CompileOptions", "OptionsError", "ShapePolicyErr
            "build_options", "parse_expert_options", "MODES", "LOWERINGS", "Lowering", "PASS_NAMES",
            "quantize", "quant_report", "QuantizeOptions", "QuantReport", "LayerPolicy", "parse_policy", "QuantizeError",
            "SCHEMES", "save_quantized", "load_quantized", "pop_quantized_layer", "stored_to_layer",
+           "marked_formats", "reader_for", "READER_KILN", "READER_COMFYUI", "quantized_file_readers",
            "CacheOptions", "CacheOptionsError", "CACHE_MODES", "CacheStore", "CacheTrustError",
            "CacheEntryError", "CacheError", "CacheLocationError", "cache_problem", "default_cache_dir",
            "server_cache_dir", "describe_cache"]

@@ -10,8 +10,12 @@ LoRA and other weight patches added after the node go through ComfyUI's own path
 weights: the ModelPatcher finds `convert_weight`/`set_weight` on Kiln's quantized layers, patches
 the dequantized weight and stores it quantized again on the layer's own scales.
 
-`load_ops()`: the custom operations ComfyUI's diffusion-model loader builds a model with when Kiln
-loads a quantized file: quantized layers are never allocated in high precision.
+`load_file(path, name)`: Kiln › Load Quantized Model. A file whose every layer Kiln reads loads
+into Kiln's quantized layers: `load_ops()` are the custom operations ComfyUI's diffusion-model
+loader builds the model with, so quantized layers are never allocated in high precision. A file
+with a layer in a format only ComfyUI reads (nvfp4, float8_e5m2, ...) goes to ComfyUI's own loader
+when the running ComfyUI reads every format in it (compiler/quantize/file_format.py reader_for
+decides; comfy.quant_ops.QUANT_ALGOS says what this ComfyUI reads).
 """
 from __future__ import annotations
 
@@ -91,21 +95,85 @@ def calibration_run(model, positive, latent, steps: int):
     return run
 
 
-def save(model, path: str, metadata: dict) -> None:
+def save(model, path: str, metadata: dict) -> str:
     """Write `model`'s quantized diffusion model (with any patches applied after quantization baked
     in, as ComfyUI's own savers do) to a safetensors file, atomically: a failed save leaves an
-    existing file as it was (compiler/quantize/file_format.py write_atomically)."""
+    existing file as it was (compiler/quantize/file_format.py write_atomically). Returns what loads
+    the file (its schemes' readers)."""
     import comfy.model_management
 
-    from ..compiler import save_quantized
+    from ..compiler import quantized_file_readers, save_quantized
 
     comfy.model_management.load_models_gpu([model], force_patch_weights=True)
     save_quantized(model.model.diffusion_model, path, metadata=metadata)
+    return quantized_file_readers(model.model.diffusion_model)
+
+
+def comfyui_quant_formats() -> frozenset:
+    """The quantized formats the running ComfyUI's own loader reads: the keys of comfy.quant_ops.QUANT_ALGOS
+    (none in a ComfyUI older than its per-layer quantized formats, which has no comfy.quant_ops)."""
+    try:
+        from comfy.quant_ops import QUANT_ALGOS
+    except ImportError:
+        return frozenset()
+    return frozenset(QUANT_ALGOS)
+
+
+def load_file(path: str, name: str):
+    """(MODEL, report) for Kiln › Load Quantized Model's file `path` (`name` in ComfyUI's list): Kiln's
+    quantized layers, or ComfyUI's own loader for a file in formats only ComfyUI reads (see the module
+    docstring). A damaged file, or one that neither Kiln nor this ComfyUI reads: QuantizeError naming
+    the file and a layer."""
+    import comfy.utils
+
+    from ..compiler import READER_COMFYUI, QuantizeError, marked_formats, reader_for
+    from .plan_wrapper import comfyui_version
+
+    state_dict, metadata = comfy.utils.load_torch_file(path, safe_load=True, return_metadata=True)
+    # ComfyUI's older "scaled_fp8" files into its current per-layer format, as its own loader does
+    state_dict, metadata = comfy.utils.convert_old_quants(state_dict, "", metadata=metadata)
+    try:  # a damaged layer (checked as ComfyUI's loader reads it) is said with the file's name
+        formats = marked_formats(state_dict)
+        if reader_for(formats, comfyui_quant_formats(), comfyui_version()) == READER_COMFYUI:
+            del state_dict  # ComfyUI's loader reads the file again: do not hold two copies
+            return _loaded_by_comfyui(path, name, formats)
+        return _loaded_by_kiln(path, name, state_dict, metadata)
+    except QuantizeError as error:
+        raise QuantizeError(f"{path}: {error}") from error
+
+
+def _loaded_by_kiln(path: str, name: str, state_dict: dict, metadata):
+    import comfy.sd
+
+    model = comfy.sd.load_diffusion_model_state_dict(state_dict, {"custom_operations": load_ops()}, metadata=metadata)
+    if model is None:
+        raise ValueError(f"ComfyUI could not detect the model type of {path}")
+    swapped = swap_in_quantized(model.model.diffusion_model)
+    if not swapped:
+        raise ValueError(f"{path} has no quantized layers; load it with ComfyUI's Load Diffusion Model node")
+    return model, f"Kiln: loaded {name} with {swapped} quantized layers."
+
+
+def _loaded_by_comfyui(path: str, name: str, formats: dict):
+    """ComfyUI's own Load Diffusion Model path (comfy.sd.load_diffusion_model) for a file Kiln does not read."""
+    import comfy.sd
+
+    from .plan_wrapper import comfyui_version
+
+    model = comfy.sd.load_diffusion_model(path)
+    by_format: dict[str, int] = {}
+    for marked in formats.values():
+        by_format[str(marked)] = by_format.get(str(marked), 0) + 1
+    kiln_cannot = sorted({str(marked) for marked in formats.values() if not marked.kiln_reads})
+    counts = ", ".join(f"{count} {fmt}" for fmt, count in sorted(by_format.items()))
+    return model, (f"Kiln: {name} has layers in {', '.join(kiln_cannot)}, which Kiln's quantized layers do not read, "
+                   f"so ComfyUI {comfyui_version()}'s own loader loaded it (quantized layers: {counts}; ComfyUI's "
+                   f"quantized weights, not Kiln's). Kiln › Compile UNet still applies to this model.")
 
 
 def load_ops():
-    """ComfyUI custom operations whose Linear and Conv2d read a quantized layer of a Kiln (or a
-    ComfyUI fp8) file without allocating its high-precision weight; `swap_in_quantized` then
+    """ComfyUI custom operations whose Linear and Conv2d read a quantized layer of a Kiln file (or a
+    ComfyUI one in a format Kiln reads) without allocating its high-precision weight; `swap_in_quantized` then
     replaces them by Kiln's quantized layers."""
     import comfy.ops
     import torch

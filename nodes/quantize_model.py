@@ -64,7 +64,8 @@ class KilnQuantizeModel:
 
 class KilnSaveQuantizedModel:
     DESCRIPTION = ("Saves a MODEL from Kiln › Quantize Model to models/diffusion_models as safetensors. fp8_e4m3 files load "
-                   "in ComfyUI's own Load Diffusion Model node; int8 files in Kiln › Load Quantized Model.")
+                   "in ComfyUI's own Load Diffusion Model node, int8_tensorwise files in a ComfyUI that has that format "
+                   "(0.33.0 does), and every Kiln file in Kiln › Load Quantized Model.")
     CATEGORY = "Kiln"
     FUNCTION = "save"
     OUTPUT_NODE = True
@@ -87,14 +88,15 @@ class KilnSaveQuantizedModel:
         if os.path.exists(path) and not overwrite:
             raise FileExistsError(f"{path} exists; choose another filename or set overwrite")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        quant_patcher.save(model, path, metadata={"kiln_source": "Kiln › Save Quantized Model"})
-        log.info("Kiln: saved the quantized model to %s", path)
-        return {"ui": {"text": [path]}}
+        readers = quant_patcher.save(model, path, metadata={"kiln_source": "Kiln › Save Quantized Model"})
+        log.info("Kiln: saved the quantized model to %s; the file loads in: %s", path, readers)
+        return {"ui": {"text": [path, f"the file loads in: {readers}"]}}
 
 
 class KilnLoadQuantizedModel:
-    DESCRIPTION = ("Loads a quantized diffusion model saved by Kiln (int8 or fp8), or one of ComfyUI's fp8 files, into "
-                   "Kiln's quantized layers, without the original weights.")
+    DESCRIPTION = ("Loads a quantized diffusion model saved by Kiln (int8 or fp8), or one of ComfyUI's float8_e4m3fn or "
+                   "int8_tensorwise files, into Kiln's quantized layers, without the original weights. A file in formats "
+                   "only ComfyUI reads (nvfp4, float8_e5m2, ...) is loaded by ComfyUI's own loader, and the report says so.")
     CATEGORY = "Kiln"
     FUNCTION = "load"
     RETURN_TYPES = ("MODEL", "STRING")
@@ -107,26 +109,11 @@ class KilnLoadQuantizedModel:
         return {"required": {"unet_name": (folder_paths.get_filename_list("diffusion_models"),)}}
 
     def load(self, unet_name):
-        import comfy.sd
-        import comfy.utils
         import folder_paths
 
-        compiler = _compiler()
+        _compiler()
         path = folder_paths.get_full_path_or_raise("diffusion_models", unet_name)
-        state_dict, metadata = comfy.utils.load_torch_file(path, safe_load=True, return_metadata=True)
-        # ComfyUI's older "scaled_fp8" files into its current per-layer format, as its own loader does
-        state_dict, metadata = comfy.utils.convert_old_quants(state_dict, "", metadata=metadata)
-        try:  # a damaged layer (checked as ComfyUI's loader reads it) is said with the file's name
-            model = comfy.sd.load_diffusion_model_state_dict(
-                state_dict, {"custom_operations": quant_patcher.load_ops()}, metadata=metadata)
-            if model is None:
-                raise ValueError(f"ComfyUI could not detect the model type of {path}")
-            swapped = quant_patcher.swap_in_quantized(model.model.diffusion_model)
-        except compiler.QuantizeError as error:
-            raise compiler.QuantizeError(f"{path}: {error}") from error
-        if not swapped:
-            raise ValueError(f"{path} has no quantized layers; load it with ComfyUI's Load Diffusion Model node")
-        report = f"Kiln: loaded {unet_name} with {swapped} quantized layers."
+        model, report = quant_patcher.load_file(path, unet_name)
         log.info(report)
         return (model, report)
 

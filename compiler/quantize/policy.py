@@ -5,10 +5,10 @@ matters most and costs least:
 - the model's first and last layers, its time/label/text embeddings and (DiT) its output
   modulation: a family default, by name pattern (FAMILY_KEEP);
 - layers under `min_params` weights (default 16384): their GEMMs are too small to gain anything;
-- convolutions when `convs` is false, and always under fp8_e4m3 (ComfyUI's fp8 format has Linear
-  layers only, and a Kiln fp8 file must load in stock ComfyUI);
+- convolutions when `convs` is false, and always under fp8_e4m3 and int8_tensorwise (ComfyUI's
+  formats have Linear layers only, and a Kiln file in ComfyUI's format must load in stock ComfyUI);
 - names matching a `keep` pattern. A `quantize` pattern forces a layer in, over the defaults and
-  the size threshold (never over the fp8 format's rule).
+  the size threshold (never over the ComfyUI formats' rule).
 
 Patterns are fnmatch patterns over the layer's full dotted name ("output_blocks.*.proj_out");
 "out" matches only the top-level layer called out. A YAML override:
@@ -99,8 +99,8 @@ class LayerPolicy:
     def decide(self, name: str, layer: torch.nn.Module, scheme: Scheme, family: str) -> Optional[str]:
         """None to quantize `layer`, else the reason it stays in high precision."""
         is_conv = isinstance(layer, torch.nn.Conv2d)
-        if is_conv and scheme.file_key == "comfy_quant":
-            return "convolution (ComfyUI's fp8 format has Linear layers only)"
+        if is_conv and scheme.comfyui_format:
+            return f"convolution (ComfyUI's {scheme.file_format} format has Linear layers only)"
         if _matches(name, self.quantize):
             return None
         if _matches(name, self.keep):

@@ -52,9 +52,9 @@ def quantize(module: torch.nn.Module, options: Union[QuantizeOptions, str, Schem
     QuantReport) says what was done.
 
     options: QuantizeOptions(scheme, policy, calibration_steps, error_threshold): the scheme,
-        "int8_weight" | "int8_dynamic" | "fp8_e4m3" (compiler/quantize/scheme.py); which layers stay
-        in high precision (a LayerPolicy, compiler/quantize/policy.py; the default: the model family's
-        defaults); and the error above which a calibrated layer stays in high precision. In short,
+        "int8_weight" | "int8_dynamic" | "fp8_e4m3" | "int8_tensorwise" (compiler/quantize/scheme.py);
+        which layers stay in high precision (a LayerPolicy, compiler/quantize/policy.py; the default:
+        the model family's defaults); and the error above which a calibrated layer stays in high precision. In short,
         the keyword forms: the scheme's name, with `policy` (a LayerPolicy, its YAML text or a dict)
         and `error_threshold` (default 0.05) beside it.
     calibrate: a function that runs `module` for a few denoising steps on real inputs; each

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .scheme import SCHEMES
+
 
 @dataclass
 class QuantReport:
@@ -51,6 +53,8 @@ class QuantReport:
         if self.model_error is not None:
             lines.append(f"  model output error on {self.calibration_calls} calibration calls (relative L2): "
                          f"{self.model_error:.4f}")
+        if self.scheme in SCHEMES:  # a report read from a file may name a scheme this Kiln lacks
+            lines.append(f"  saved, the file loads in: {SCHEMES[self.scheme].readers}")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 

@@ -12,6 +12,13 @@ layers, and which key marks its layers in a saved file. Nothing here touches a m
     fp8_e4m3      float8_e4m3fn weights, one per-tensor scale = amax/448: ComfyUI 0.8's own
                   format (comfy/quant_ops.py), so stock ComfyUI loads Kiln's files
                   (kiln::fp8_weight_linear).
+    int8_tensorwise  int8 weights, one per-tensor scale = amax/127, weight-only like int8_weight
+                  (kiln::int8_weight_linear): ComfyUI's own int8 format (0.33 has it, 0.8 does not),
+                  so a ComfyUI that lists it loads Kiln's files.
+
+ComfyUI's formats (file_key "comfy_quant") hold Linear layers only: under fp8_e4m3 and
+int8_tensorwise Kiln keeps convolutions in high precision (policy.py), so every layer of the file
+is one stock ComfyUI reads. `readers` says, per scheme, what loads a saved file.
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ class Scheme:
     """name: the scheme's name; storage: the stored weight dtype; per_channel: one scale per output
     channel (else one per tensor); linear_op: the kiln:: op its Linear layers run; file_format: the
     format name its layers carry in a saved file; file_key: the key that carries it ("comfy_quant"
-    for ComfyUI's own format, "kiln_quant" for Kiln's)."""
+    for ComfyUI's own format, "kiln_quant" for Kiln's); readers: what loads a file of this scheme."""
 
     name: str
     storage: torch.dtype
@@ -39,6 +46,12 @@ class Scheme:
     linear_op: str
     file_format: str
     file_key: str
+    readers: str
+
+    @property
+    def comfyui_format(self) -> bool:
+        """Saved in one of ComfyUI's own formats, which hold Linear layers only."""
+        return self.file_key == "comfy_quant"
 
     @property
     def qmax(self) -> float:
@@ -88,10 +101,14 @@ def _rounding_noise(scaled: torch.Tensor, storage: torch.dtype, seed: int) -> to
     return noise * torch.exp2(exponent - 3)
 
 
+KILN_ONLY = "Kiln only (Kiln's own per-channel format)"
 SCHEMES: dict[str, Scheme] = {s.name: s for s in (
-    Scheme("int8_weight", torch.int8, True, "int8_weight_linear", "kiln_int8_weight", "kiln_quant"),
-    Scheme("int8_dynamic", torch.int8, True, "int8_dynamic_linear", "kiln_int8_dynamic", "kiln_quant"),
-    Scheme("fp8_e4m3", torch.float8_e4m3fn, False, "fp8_weight_linear", "float8_e4m3fn", "comfy_quant"),
+    Scheme("int8_weight", torch.int8, True, "int8_weight_linear", "kiln_int8_weight", "kiln_quant", KILN_ONLY),
+    Scheme("int8_dynamic", torch.int8, True, "int8_dynamic_linear", "kiln_int8_dynamic", "kiln_quant", KILN_ONLY),
+    Scheme("fp8_e4m3", torch.float8_e4m3fn, False, "fp8_weight_linear", "float8_e4m3fn", "comfy_quant",
+           "ComfyUI 0.8.0 and newer (stock loader) and Kiln"),
+    Scheme("int8_tensorwise", torch.int8, False, "int8_weight_linear", "int8_tensorwise", "comfy_quant",
+           "ComfyUI with int8_tensorwise (0.33.0 has it; 0.8.0 does not) and Kiln"),
 )}
 assert tuple(SCHEMES) == tuple(choices.SCHEMES), "one Scheme per scheme of choices.py, in its order"
 

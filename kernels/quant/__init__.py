@@ -1,7 +1,7 @@
 """Quantized GEMM kernels, each a kiln:: custom op with a pure-torch reference:
 
     quantize_per_token   x (M, K) float -> (int8 (M, K), scale (M,) float32)   per-token activations
-    int8_weight_linear   x @ (int8 W * per-channel scale).T + bias              weight-only int8
+    int8_weight_linear   x @ (int8 W * per-channel or per-tensor scale).T + bias   weight-only int8
     fp8_weight_linear    x @ (e4m3 W * per-tensor scale).T + bias               ComfyUI's fp8 weights
     int8_mm_scaled       int8 x int8 -> int32 GEMM, both scales and the bias in its epilogue
     int8_dynamic_linear  quantize_per_token, then int8_mm_scaled                 W8A8

@@ -2,15 +2,18 @@
 one Triton GEMM dequantizes the weight tile as it loads it. fp8_weight_linear.py runs the same
 kernel on float8 e4m3 weights.
 
-    int8_weight_linear(x (..., K) float, weight (N, K) int8, scale (N,) float32, bias (N,) | None)
+    int8_weight_linear(x (..., K) float, weight (N, K) int8, scale (N,) | () | (1,) float32, bias (N,) | None)
         -> (..., N) in x.dtype = (x @ weight.T) * scale + bias
+
+The scale is per output channel (Kiln's int8_weight) or one per tensor (ComfyUI's int8_tensorwise).
 
 The kernel (`_weight_only_linear_kernel`) loads an int8 or fp8 (BLOCK_K, BLOCK_N) tile of W^T,
 converts it to x's dtype (exact: |int8| <= 127 and every e4m3 value fit fp16 and bf16), runs
 tl.dot into an fp32 accumulator, and in the epilogue multiplies by the scale (per channel or per
 tensor), adds the bias and stores x's dtype. No dequantized weight is ever written to memory.
 It is autotuned over WEIGHT_ONLY_CONFIGS keyed on (N, K); each config's shared memory fits sm_89's
-99 KiB (checked by compiling every entry of gpu_builds(), int8 and fp8 storage).
+99 KiB (checked by compiling every entry of gpu_builds(): int8 storage with a per-channel and a
+per-tensor scale, fp8 with a per-tensor one).
 
 Which path runs where (`int8_path` decides; a fallback says so once in the log):
     CPU (any dtype)                    reference: dequantize to fp32, F.linear in fp32, cast back.
@@ -178,16 +181,22 @@ def int8_weight_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     return torch.ops.kiln.int8_weight_linear(x, weight, scale, bias)
 
 
+# (weight storage, per-channel scale, oldest GPU arch) of every weight the kernel takes: Kiln's int8_weight
+# (per channel), ComfyUI's int8_tensorwise (per tensor) and float8_e4m3fn (per tensor; fp8 needs sm_89+)
+WEIGHT_VARIANTS = ((torch.int8, True, 80), (torch.int8, False, 80), (torch.float8_e4m3fn, False, 89))
+
+
 def gpu_builds() -> list[KernelBuild]:
-    """One build per autotune config, activation dtype (fp16, bf16) and weight storage (int8; fp8 on sm_89+)."""
+    """One build per autotune config, activation dtype (fp16, bf16) and weight variant (WEIGHT_VARIANTS)."""
     fn, _ = _kernels()
     builds = []
     for cfg in WEIGHT_ONLY_CONFIGS:
         for dt in GEMM_DTYPES:
-            for wdt, per_channel, min_arch in ((torch.int8, True, 80), (torch.float8_e4m3fn, False, 89)):
+            for wdt, per_channel, min_arch in WEIGHT_VARIANTS:
                 x, w = triton_dtype(dt), triton_dtype(wdt)
+                scale = "per-channel" if per_channel else "per-tensor"
                 builds.append(KernelBuild(
-                    name=f"weight_only_linear {x} x {w} {cfg.name}", fn=fn,
+                    name=f"weight_only_linear {x} x {w} {scale} {cfg.name}", fn=fn,
                     signature={"x_ptr": f"*{x}", "w_ptr": f"*{w}", "scale_ptr": "*fp32", "bias_ptr": f"*{x}",
                                "out_ptr": f"*{x}", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
                                "stride_wn": "i32", "stride_om": "i32", "HAS_BIAS": "constexpr",

@@ -19,16 +19,17 @@ import safetensors.torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 from comfy_testing import DETECTABLE_SD15, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
-from kiln.compiler.quantize import QuantizeError, QuantLinear, quantized_layers  # noqa: E402
+from kiln.compiler.quantize import SCHEMES, QuantizeError, QuantLinear, quantized_layers  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
-from kiln.nodes.plan_wrapper import PLAN_KEY  # noqa: E402
+from kiln.nodes.plan_wrapper import PLAN_KEY, comfyui_version  # noqa: E402
+from kiln.nodes.quant_patcher import comfyui_quant_formats  # noqa: E402
 from kiln.nodes.quantize_model import KilnLoadQuantizedModel, KilnQuantizeModel, KilnSaveQuantizedModel  # noqa: E402
 from testing_utils import rel_err  # noqa: E402
 
 ALL_LAYERS = "min_params: 0"  # the tiny UNet's layers are all under the default size threshold
 # Sampled latent against the fp32 eager model's after 2 steps, policy ALL_LAYERS (max error relative to the
 # max magnitude; the latent is mostly noise at 2 steps). Measured: 1.6e-4, 1.5e-4, 0.7e-4; bounds ~6x that.
-BOUND = {"int8_weight": 1e-3, "int8_dynamic": 1e-3, "fp8_e4m3": 1e-3}
+BOUND = {"int8_weight": 1e-3, "int8_dynamic": 1e-3, "fp8_e4m3": 1e-3, "int8_tensorwise": 1e-3}
 # The change a weight patch makes after quantization against the change it makes in eager (measured 0.027, 0.058)
 LORA_BOUND = {"int8_weight": 0.06, "fp8_e4m3": 0.12}
 
@@ -49,10 +50,16 @@ def quantized(base):
 
 
 @pytest.fixture(scope="module")
-def detectable():
-    """A UNet ComfyUI's loader recognises (SD1.5 layout, 2 levels), quantized under the default policy."""
-    base = make_tiny_sd15_patcher(unet_config=DETECTABLE_SD15)
-    return {scheme: KilnQuantizeModel().quantize(base, scheme)[0] for scheme in ("int8_weight", "fp8_e4m3")}
+def detectable_float():
+    """A float UNet ComfyUI's loader recognises (SD1.5 layout, 2 levels)."""
+    return make_tiny_sd15_patcher(unet_config=DETECTABLE_SD15)
+
+
+@pytest.fixture(scope="module")
+def detectable(detectable_float):
+    """detectable_float quantized under the default policy."""
+    return {scheme: KilnQuantizeModel().quantize(detectable_float, scheme)[0]
+            for scheme in ("int8_weight", "fp8_e4m3", "int8_tensorwise")}
 
 
 @pytest.fixture
@@ -147,7 +154,7 @@ def test_calibration_keeps_layers_above_the_threshold(base):
     assert "model output error on" in loose
 
 
-@pytest.mark.parametrize("scheme", ["int8_weight", "fp8_e4m3"])
+@pytest.mark.parametrize("scheme", ["int8_weight", "fp8_e4m3", "int8_tensorwise"])
 def test_save_then_load_gives_identical_outputs(detectable, models_dir, scheme):
     model = detectable[scheme]
     KilnSaveQuantizedModel().save(model, f"kiln/{scheme}")
@@ -189,6 +196,112 @@ def test_a_comfyui_fp8_file_loads_in_kiln(detectable, models_dir, layout):
     loaded, _ = KilnLoadQuantizedModel().load("comfy_fp8.safetensors")
     assert len(quantized_layers(loaded.model.diffusion_model)) == len(quantized_layers(model.model.diffusion_model))
     assert torch.equal(sample(loaded, size=8), sample(model, size=8))
+
+
+# ---- ComfyUI's int8_tensorwise, and formats only ComfyUI reads -----------------------------------
+
+# Kiln's weight-only int8 against stock ComfyUI's int8 GEMM, which quantizes activations per row too (W8A8):
+# sampled latents on the detectable UNet, measured 6.3e-3 to 7.3e-3 (Kiln against the float model: 4.0e-3)
+INT8_STOCK_BOUND = 0.02
+# ComfyUI's per-layer formats written by hand (its own layout): format -> (stored dtype, largest stored magnitude)
+COMFY_FORMATS = {"int8_tensorwise": (torch.int8, 127.0), "float8_e5m2": (torch.float8_e5m2, 57344.0),
+                 "float4_unknown": (torch.int8, 7.0)}  # a format neither Kiln nor any ComfyUI reads
+
+
+def comfy_format_file(patcher, path, file_format: str, per_row: bool = False) -> int:
+    """Write `patcher`'s float diffusion model with every Linear weight in ComfyUI's `file_format`
+    (<layer>.weight stored, <layer>.weight_scale float32: 0-dim, or (out, 1) per row, <layer>.comfy_quant);
+    returns how many layers."""
+    dtype, largest = COMFY_FORMATS[file_format]
+    unet = patcher.model.diffusion_model
+    linears = {name for name, m in unet.named_modules() if isinstance(m, torch.nn.Linear)}
+    sd = {k: v.contiguous() for k, v in unet.state_dict().items()}
+    for layer in linears:
+        weight = sd[f"{layer}.weight"].float()
+        amax = weight.abs().amax(dim=1, keepdim=True) if per_row else weight.abs().amax()
+        scale = (amax / largest).clamp_min(1e-12)
+        stored = weight / scale
+        sd[f"{layer}.weight"] = (stored.round().clamp(-largest, largest) if dtype == torch.int8
+                                 else stored.clamp(-largest, largest)).to(dtype)
+        sd[f"{layer}.weight_scale"] = scale
+        sd[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps({"format": file_format}).encode()), dtype=torch.uint8)
+    comfy.utils.save_torch_file(sd, str(path))
+    return len(linears)
+
+
+def comfy_quantized_weights(model) -> list:
+    import comfy.quant_ops
+
+    return [p for p in model.model.diffusion_model.parameters() if isinstance(p, comfy.quant_ops.QuantizedTensor)]
+
+
+def test_kiln_int8_tensorwise_file_is_comfyuis_format_and_loads_in_stock_comfyui(detectable, models_dir):
+    if "int8_tensorwise" not in comfyui_quant_formats():
+        pytest.skip(f"ComfyUI {comfyui_version()} has no int8_tensorwise in comfy.quant_ops.QUANT_ALGOS (0.33.0 has)")
+    model = detectable["int8_tensorwise"]
+    KilnSaveQuantizedModel().save(model, "int8")
+    path = str(models_dir / "int8.safetensors")
+    linears = [n for n, m in model.model.diffusion_model.named_modules() if isinstance(m, QuantLinear)]
+    with safe_open(path, "pt") as f:
+        assert f.get_tensor(f"{linears[0]}.weight").dtype == torch.int8
+        assert f.get_tensor(f"{linears[0]}.weight_scale").shape == ()
+        assert not [k for k in f.keys() if k.endswith(".kiln_quant")]
+    stock = comfy.sd.load_diffusion_model(path)  # ComfyUI's own Load Diffusion Model path, no Kiln
+    weights = comfy_quantized_weights(stock)
+    assert len(weights) == len(linears) and {w._layout_cls for w in weights} == {"TensorWiseINT8Layout"}
+    assert not quantized_layers(stock.model.diffusion_model)
+    # ComfyUI's int8 GEMM (comfy_kitchen int8_linear) also quantizes activations per row; Kiln's is weight-only
+    assert rel_err(sample(stock, size=8), sample(model, size=8)) < INT8_STOCK_BOUND
+
+
+def test_the_save_report_says_which_readers_load_the_file(detectable, models_dir):
+    for scheme in ("int8_weight", "fp8_e4m3", "int8_tensorwise"):
+        shown = KilnSaveQuantizedModel().save(detectable[scheme], scheme)["ui"]["text"]
+        assert shown == [str(models_dir / f"{scheme}.safetensors"), f"the file loads in: {SCHEMES[scheme].readers}"]
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["per-tensor", "per-row"])
+def test_a_comfyui_int8_tensorwise_file_loads_in_kiln(detectable_float, models_dir, per_row):
+    """Written in ComfyUI's own layout from the float model: Kiln reads it on any ComfyUI (0.8.0 too), per
+    tensor as int8_tensorwise, per row as Kiln's per-channel int8_weight, the same image as Kiln's own
+    quantization of every Linear layer; where this ComfyUI has the format, its own loader gives a close one."""
+    layers = comfy_format_file(detectable_float, models_dir / "comfy_int8.safetensors", "int8_tensorwise", per_row)
+    loaded, report = KilnLoadQuantizedModel().load("comfy_int8.safetensors")
+    kiln_layers = quantized_layers(loaded.model.diffusion_model)
+    scheme = "int8_weight" if per_row else "int8_tensorwise"
+    assert len(kiln_layers) == layers and f"with {layers} quantized layers" in report
+    assert {m.scheme_name for m in kiln_layers.values()} == {scheme}
+    every_linear = "min_params: 0\nconvs: false\nquantize: ['time_embed.*']"  # over the family's defaults
+    kilns_own, _ = KilnQuantizeModel().quantize(detectable_float, scheme, policy=every_linear)
+    assert quantized_layers(kilns_own.model.diffusion_model).keys() == kiln_layers.keys()
+    image = sample(loaded, size=8)
+    assert torch.equal(image, sample(kilns_own, size=8))
+    if "int8_tensorwise" in comfyui_quant_formats():
+        stock = comfy.sd.load_diffusion_model(str(models_dir / "comfy_int8.safetensors"))
+        assert len(comfy_quantized_weights(stock)) == layers
+        assert rel_err(image, sample(stock, size=8)) < INT8_STOCK_BOUND
+
+
+def test_a_float8_e5m2_file_goes_to_comfyuis_own_loader(detectable_float, models_dir):
+    """Kiln does not read float8_e5m2; every ComfyUI Kiln is tested on does, so its own loader loads the file."""
+    if "float8_e5m2" not in comfyui_quant_formats():
+        pytest.skip(f"ComfyUI {comfyui_version()} has no float8_e5m2 in comfy.quant_ops.QUANT_ALGOS")
+    layers = comfy_format_file(detectable_float, models_dir / "e5m2.safetensors", "float8_e5m2")
+    model, report = KilnLoadQuantizedModel().load("e5m2.safetensors")
+    assert report == (f"Kiln: e5m2.safetensors has layers in 'float8_e5m2', which Kiln's quantized layers do not read, "
+                      f"so ComfyUI {comfyui_version()}'s own loader loaded it (quantized layers: {layers} 'float8_e5m2'; "
+                      f"ComfyUI's quantized weights, not Kiln's). Kiln › Compile UNet still applies to this model.")
+    assert not quantized_layers(model.model.diffusion_model) and len(comfy_quantized_weights(model)) == layers
+    assert rel_err(sample(model, size=8), sample(detectable_float, size=8)) < 0.1  # 2 mantissa bits; measured 0.038
+
+
+def test_a_file_in_a_format_neither_reads_is_refused_naming_the_layer_and_the_comfyui(detectable_float, models_dir):
+    comfy_format_file(detectable_float, models_dir / "fp4.safetensors", "float4_unknown")
+    with pytest.raises(QuantizeError) as caught:
+        KilnLoadQuantizedModel().load("fp4.safetensors")
+    message = str(caught.value)
+    assert message.startswith(f"{models_dir / 'fp4.safetensors'}: layer ") and "quantized as 'float4_unknown', which " \
+        f"neither Kiln" in message and f"nor this ComfyUI {comfyui_version()} (its quantized formats: " in message, message
 
 
 def test_save_refuses_a_model_that_is_not_quantized(base, models_dir):

@@ -36,6 +36,19 @@ def test_triton_matches_reference(x_shape, dtype, with_bias):
     assert rel_err(out, ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("scale_shape", [(), (1,)])  # ComfyUI's int8_tensorwise: one scale per tensor
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_per_tensor_scale_matches_reference(scale_shape, dtype):
+    w = torch.randn(29, 45, device=DEVICE)
+    scale = (w.abs().max() / 127).reshape(scale_shape)
+    weight = (w / scale).round().clamp(-127, 127).to(torch.int8)
+    x, bias = torch.randn(2, 37, 45, device=DEVICE).to(dtype), torch.randn(29, device=DEVICE).to(dtype)
+    out = int8_weight_linear_triton(x, weight, scale, bias)
+    ref = int8_weight_linear_ref(x, weight, scale, bias)
+    assert out.shape == (2, 37, 29) and rel_err(out, ref) < TOL[dtype]
+    torch.testing.assert_close(ref.float(), F.linear(x.float(), weight.float() * scale, bias.float()).to(dtype).float())
+
+
 def test_strided_input_and_transposed_weight_storage():
     x = torch.randn(11, 60, device=DEVICE)[:, :45]
     weight, scale = quantize_int8_per_channel(torch.randn(29, 45, device=DEVICE))

@@ -10,7 +10,9 @@ import safetensors.torch
 import torch
 
 import kiln
-from kiln.compiler.quantize import SCHEMES, QuantizeError, StoredLayer, pop_quantized_layer, quantized_layers
+from kiln.compiler.quantize import (READER_COMFYUI, READER_KILN, SCHEMES, MarkedFormat, QuantConv2d, QuantizeError,
+                                    QuantLinear, StoredLayer, marked_formats, pop_quantized_layer, quantized_layers,
+                                    quantized_state_dict, reader_for, readers)
 from kiln.compiler.quantize.file_format import MARKER_MAX_BYTES, TEMP_INFIX
 
 ALL = "min_params: 0"  # the tiny model's layers are all under the default size threshold
@@ -63,7 +65,7 @@ def refused(path: str, layer: str, *words: str) -> str:
 
 def test_a_saved_file_loads_back_with_identical_outputs(tmp_path):
     x = torch.randn(2, 4, 4, 4)
-    for scheme in ("int8_weight", "fp8_e4m3"):
+    for scheme in ("int8_weight", "fp8_e4m3", "int8_tensorwise"):
         quantized = kiln.quantize(float_model(), scheme, policy=ALL)
         path = str(tmp_path / f"{scheme}.safetensors")
         kiln.save_quantized(quantized, path)
@@ -71,6 +73,210 @@ def test_a_saved_file_loads_back_with_identical_outputs(tmp_path):
         assert quantized_layers(loaded).keys() == quantized_layers(quantized).keys()
         assert torch.equal(loaded(x), quantized(x))
         assert loaded.kiln_quant_report.quantized == quantized.kiln_quant_report.quantized
+
+
+def test_an_int8_tensorwise_file_is_comfyuis_layout_with_convolutions_kept_in_float(tmp_path):
+    """What ComfyUI 0.33's loader reads: <layer>.weight int8 of the layer's shape, a 0-dim float32
+    weight_scale and comfy_quant {"format": "int8_tensorwise"}; the convolution (ComfyUI's formats
+    have Linear layers only) stays a plain float layer with no marker."""
+    path, tensors, _ = saved(tmp_path, "int8_tensorwise")
+    assert tensors[f"{LINEAR}.weight"].dtype == torch.int8 and tensors[f"{LINEAR}.weight"].shape == (16, 128)
+    scale = tensors[f"{LINEAR}.weight_scale"]
+    assert scale.dtype == torch.float32 and scale.shape == ()
+    assert json.loads(bytes(tensors[f"{LINEAR}.comfy_quant"].tolist())) == {"format": "int8_tensorwise"}
+    assert tensors[f"{CONV}.weight"].dtype == torch.float32
+    assert not [k for k in tensors if k.startswith(f"{CONV}.") and k.endswith(("_quant", "_scale"))]
+    loaded = kiln.load_quantized(float_model(), path)
+    assert {n: type(m) for n, m in quantized_layers(loaded).items()} == {LINEAR: QuantLinear}
+    assert loaded.get_submodule(LINEAR).scheme_name == "int8_tensorwise"
+
+
+def test_the_report_and_readers_say_what_loads_the_file():
+    quantized = kiln.quantize(float_model(), "int8_tensorwise", policy=ALL)
+    assert readers(quantized) == SCHEMES["int8_tensorwise"].readers
+    summary = kiln.quant_report(quantized).summary()
+    assert "the file loads in: ComfyUI with int8_tensorwise (0.33.0 has it; 0.8.0 does not) and Kiln" in summary
+    assert "convolution (ComfyUI's int8_tensorwise format has Linear layers only): 1" in summary
+
+
+def test_a_model_mixing_schemes_lists_each_schemes_readers():
+    module = float_model()
+    module[0] = QuantConv2d.from_float(module[0], SCHEMES["int8_weight"])
+    module[2] = QuantLinear.from_float(module[2], SCHEMES["int8_tensorwise"])
+    assert readers(module) == (f"int8_weight layers: {SCHEMES['int8_weight'].readers}; int8_tensorwise layers: "
+                               f"{SCHEMES['int8_tensorwise'].readers} (a reader must read every one)")
+
+
+@pytest.mark.parametrize("scheme", ["int8_tensorwise", "fp8_e4m3"])
+def test_a_convolution_is_never_saved_in_a_comfyui_format(scheme):
+    """Stock ComfyUI has no quantized convolution: it would load such a layer's stored values as weights."""
+    module = float_model()
+    module[0] = QuantConv2d.from_float(module[0], SCHEMES[scheme])
+    with pytest.raises(QuantizeError, match=f"layer {CONV} is a QuantConv2d in {scheme}, whose file format .* "
+                                            "holds Linear layers only"):
+        quantized_state_dict(module)
+
+
+# ---- ComfyUI's int8_tensorwise layers ---------------------------------------------------------
+
+def comfy_int8_layer(scale, **extra) -> dict:
+    sd = {"l.weight": torch.randint(-127, 128, (16, 32), dtype=torch.int8),
+          "l.comfy_quant": marker({"format": "int8_tensorwise", **extra})}
+    if scale is not None:
+        sd["l.weight_scale"] = scale
+    return sd
+
+
+@pytest.mark.parametrize("scale, expected", [
+    (torch.tensor(0.25), torch.tensor(0.25)),  # what ComfyUI writes: 0-dim float32
+    (torch.tensor([0.25]), torch.tensor(0.25)),
+    (torch.tensor(0.25, dtype=torch.float16), torch.tensor(0.25)),
+])
+def test_comfyuis_per_tensor_int8_layers_load_as_int8_tensorwise(scale, expected):
+    sd = comfy_int8_layer(scale, full_precision_matrix_mult=True)
+    stored = pop_quantized_layer(sd, "l.")
+    assert stored.scheme.name == "int8_tensorwise" and stored.scale.dtype == torch.float32
+    assert torch.equal(stored.scale, expected) and not sd
+
+
+def test_comfyuis_per_row_int8_layers_load_as_kilns_per_channel_int8():
+    """ComfyUI's int8_tensorwise also takes one scale per row, (out, 1): the same math as int8_weight."""
+    row_scale = torch.rand(16, 1) + 0.01
+    sd = comfy_int8_layer(row_scale)
+    weight = sd["l.weight"]
+    stored = pop_quantized_layer(sd, "l.")
+    assert stored.scheme.name == "int8_weight" and stored.scale.shape == (16,)
+    layer = QuantLinear(stored.scheme, stored.weight, stored.scale, None)
+    x = torch.randn(3, 32)
+    torch.testing.assert_close(layer(x), x @ (weight.float() * row_scale).t())  # ComfyUI's q.float() * scale
+
+
+def test_a_saved_int8_tensorwise_layer_is_what_comfyui_dequantizes():
+    quantized = kiln.quantize(float_model(), "int8_tensorwise", policy=ALL)
+    sd = quantized_state_dict(quantized)
+    layer = quantized.get_submodule(LINEAR)
+    torch.testing.assert_close(sd[f"{LINEAR}.weight"].float() * sd[f"{LINEAR}.weight_scale"], layer.dequantized_weight())
+
+
+def test_an_int8_tensorwise_weight_of_another_dtype_is_refused(tmp_path):
+    _, tensors, _ = saved(tmp_path, "int8_tensorwise")
+    as_float = tensors[f"{LINEAR}.weight"].float() * tensors[f"{LINEAR}.weight_scale"]
+    path = tampered(tmp_path, "int8_tensorwise", **{f"{LINEAR}/weight": as_float})
+    refused(path, LINEAR, "torch.float32", "torch.int8", "'int8_tensorwise'")
+    fp8 = tensors[f"{LINEAR}.weight"].float().to(torch.float8_e4m3fn)
+    path = tampered(tmp_path, "int8_tensorwise", **{f"{LINEAR}/weight": fp8})
+    refused(path, LINEAR, "torch.float8_e4m3fn", "torch.int8")
+
+
+@pytest.mark.parametrize("shape", [(16,), (8, 1), (16, 2), (1, 16), (2,)])
+def test_an_int8_tensorwise_scale_of_another_shape_is_refused(tmp_path, shape):
+    """(16,) too: ComfyUI would broadcast a 1-D scale along the input, not the output channels."""
+    path = tampered(tmp_path, "int8_tensorwise", **{f"{LINEAR}/weight_scale": torch.ones(shape)})
+    refused(path, LINEAR, str(shape), "() or (1,), one per tensor or (16, 1), one per row")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -0.5])
+@pytest.mark.parametrize("per_row", [False, True], ids=["per-tensor", "per-row"])
+def test_an_int8_tensorwise_scale_that_is_not_finite_and_positive_is_refused(tmp_path, bad, per_row):
+    scale = torch.full((16, 1), 0.01) if per_row else torch.tensor(0.01)
+    scale.view(-1)[-1] = bad
+    path = tampered(tmp_path, "int8_tensorwise", **{f"{LINEAR}/weight_scale": scale})
+    refused(path, LINEAR, f"1 of {scale.numel()} values", "not finite and > 0", repr(bad))
+
+
+def test_a_missing_int8_tensorwise_scale_is_refused(tmp_path):
+    """ComfyUI's loader refuses it too ("Missing INT8 weight scale"); only fp8 reads a missing scale as 1."""
+    path = tampered(tmp_path, "int8_tensorwise", **{f"{LINEAR}/weight_scale": None})
+    refused(path, LINEAR, f"no {LINEAR}.weight_scale", "int8_tensorwise")
+
+
+def test_a_comfyui_marker_on_a_convolution_is_refused(tmp_path):
+    """ComfyUI's formats have no 4-D weights: a file that marks a convolution comfy_quant is not ComfyUI's."""
+    _, tensors, _ = saved(tmp_path, "int8_weight")
+    path = tampered(tmp_path, "int8_weight", **{f"{CONV}/kiln_quant": None,
+                                                f"{CONV}/weight_scale": tensors[f"{CONV}.weight_scale"].amax(),
+                                                f"{CONV}/comfy_quant": marker({"format": "int8_tensorwise"})})
+    refused(path, CONV, "(8, 4, 3, 3)", "Linear (2-D) weights only")
+
+
+@pytest.mark.parametrize("option", [{"convrot": True}, {"params": {"convrot": True}}], ids=["top-level", "params"])
+def test_a_rotated_int8_tensorwise_layer_is_not_read_as_a_plain_one(option):
+    """ComfyUI's ConvRot variant stores a Hadamard-rotated weight: read as plain int8 it would be garbage."""
+    with pytest.raises(QuantizeError, match="layer l is quantized as 'int8_tensorwise' with convrot, which Kiln cannot "
+                                            "load"):
+        pop_quantized_layer(comfy_int8_layer(torch.tensor(0.1), **option), "l.")
+
+
+def test_the_rotation_option_is_read_as_comfyui_reads_it():
+    """ComfyUI: the marker's own "convrot" first, then its "params"."""
+    stored = pop_quantized_layer(comfy_int8_layer(torch.tensor(0.1), convrot=False, params={"convrot": True}), "l.")
+    assert stored.scheme.name == "int8_tensorwise"
+
+
+# ---- who reads a file: Kiln, the running ComfyUI, or neither ----------------------------------
+
+COMFYUI_0_8 = ("float8_e4m3fn", "float8_e5m2", "nvfp4")
+COMFYUI_0_33 = COMFYUI_0_8 + ("mxfp8", "int8_tensorwise", "convrot_w4a4", "asym_w4a8_int8")
+
+
+def file_with(**layers) -> dict:
+    """A state dict whose layer <name> carries the marker {"format": value} under comfy_quant, or under
+    kiln_quant for a value starting with "kiln_"; a tuple value adds the marker's options."""
+    sd = {}
+    for name, value in layers.items():
+        file_format, options = value if isinstance(value, tuple) else (value, {})
+        key = "kiln_quant" if file_format.startswith("kiln_") else "comfy_quant"
+        sd[f"{name}.{key}"] = marker({"format": file_format, **options})
+        sd[f"{name}.weight"] = torch.zeros(2, 2, dtype=torch.int8)
+    return sd
+
+
+def test_marked_formats_reads_each_marker_and_takes_nothing_out():
+    sd = file_with(a="float8_e4m3fn", b="kiln_int8_weight", c=("int8_tensorwise", {"convrot": True}), d="nvfp4")
+    keys = list(sd)
+    assert marked_formats(sd) == {"a": MarkedFormat("float8_e4m3fn", "comfy_quant"),
+                                  "b": MarkedFormat("kiln_int8_weight", "kiln_quant"),
+                                  "c": MarkedFormat("int8_tensorwise", "comfy_quant", "convrot"),
+                                  "d": MarkedFormat("nvfp4", "comfy_quant")}
+    assert list(sd) == keys
+
+
+def test_marked_formats_refuses_a_damaged_marker_naming_the_layer():
+    sd = file_with(a="float8_e4m3fn")
+    sd["b.comfy_quant"] = marker(b"\xff")
+    with pytest.raises(QuantizeError, match="layer b's format marker b.comfy_quant is not UTF-8"):
+        marked_formats(sd)
+
+
+@pytest.mark.parametrize("layers, comfyui_formats, reader", [
+    ({"a": "float8_e4m3fn", "b": "int8_tensorwise", "c": "kiln_int8_dynamic"}, COMFYUI_0_8, READER_KILN),
+    ({"a": "float8_e4m3fn", "b": "int8_tensorwise"}, COMFYUI_0_33, READER_KILN),  # Kiln first when it reads them all
+    ({"a": "float8_e5m2"}, COMFYUI_0_8, READER_COMFYUI),
+    ({"a": "float8_e4m3fn", "b": "nvfp4", "c": "mxfp8"}, COMFYUI_0_33, READER_COMFYUI),
+    ({"a": ("int8_tensorwise", {"convrot": True})}, COMFYUI_0_33, READER_COMFYUI),
+    ({}, COMFYUI_0_8, READER_KILN),
+])
+def test_reader_for(layers, comfyui_formats, reader):
+    assert reader_for(marked_formats(file_with(**layers)), comfyui_formats, "0.33.0") == reader
+
+
+@pytest.mark.parametrize("layers, comfyui_formats, words", [
+    ({"a": "float8_e4m3fn", "b": "mxfp8"}, COMFYUI_0_8,
+     ("layer b is quantized as 'mxfp8', which neither Kiln (it reads kiln_int8_weight", "nor this ComfyUI 0.8.0 "
+      "(its quantized formats: float8_e4m3fn, float8_e5m2, nvfp4) reads")),
+    ({"a": ("int8_tensorwise", {"convrot": True})}, COMFYUI_0_8,
+     ("layer a is quantized as 'int8_tensorwise' with convrot, which neither Kiln",)),
+    ({"a": "kiln_nvfp4"}, COMFYUI_0_33, ("layer a is quantized as 'kiln_nvfp4', which neither Kiln",)),
+    ({"a": "kiln_int8_weight", "b": "float8_e5m2"}, COMFYUI_0_33,
+     ("layer b is quantized as 'float8_e5m2', which Kiln does not read, and this ComfyUI 0.8.0 does not read "
+      "layer a's 'kiln_int8_weight'", "neither loads the file")),
+    ({"a": "float8_e5m2"}, (), ("its quantized formats: none",)),
+])
+def test_a_file_neither_reads_is_refused_naming_the_layer_the_format_and_the_comfyui(layers, comfyui_formats, words):
+    with pytest.raises(QuantizeError) as caught:
+        reader_for(marked_formats(file_with(**layers)), comfyui_formats, "0.8.0")
+    for word in words:
+        assert word in str(caught.value), str(caught.value)
 
 
 # ---- damaged weights --------------------------------------------------------------------------
@@ -238,7 +444,8 @@ def random_json(rng: random.Random, depth: int = 0):
     return {"int": lambda: rng.randint(-2 ** 70, 2 ** 70), "float": lambda: rng.choice([rng.random(), float("nan")]),
             "str": lambda: "".join(chr(rng.randint(0, 0x2FFF)) for _ in range(rng.randint(0, 8))),
             "bool": lambda: rng.random() < 0.5, "null": lambda: None,
-            "format": lambda: rng.choice(["kiln_int8_weight", "kiln_int8_dynamic", "float8_e4m3fn", "nvfp4", "Kiln"]),
+            "format": lambda: rng.choice(["kiln_int8_weight", "kiln_int8_dynamic", "float8_e4m3fn", "int8_tensorwise",
+                                          "float8_e5m2", "nvfp4", "Kiln"]),
             }[kind]()
 
 
@@ -295,7 +502,7 @@ def test_fuzzed_layers_raise_only_quantize_error():
             assert stored.scale.dtype == torch.float32 and stored.scale.dim() == int(stored.scheme.per_channel)
             assert bool(torch.isfinite(stored.scale).all()) and bool((stored.scale > 0).all())
             outcomes["loaded"] += 1
-    assert outcomes["refused"] > 300 and outcomes["loaded"] > 0, outcomes  # both paths reached (594 and 6)
+    assert outcomes["refused"] > 300 and outcomes["loaded"] > 0, outcomes  # both paths reached (595 and 5)
 
 
 # ---- saving is atomic -------------------------------------------------------------------------

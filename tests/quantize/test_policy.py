@@ -36,9 +36,11 @@ def test_size_threshold(unet):
     assert small and all(reasons[n] in ("small (< 4096 weights)", "time embedding") for n in small)
 
 
-def test_fp8_keeps_convolutions_for_comfyui_format(unet):
-    reasons = _decide(unet, LayerPolicy(min_params=0, quantize=("*",)), scheme="fp8_e4m3")
-    assert reasons["down_blocks.0.resnets.0.conv1"].startswith("convolution (ComfyUI's fp8 format")
+@pytest.mark.parametrize("scheme, file_format", [("fp8_e4m3", "float8_e4m3fn"), ("int8_tensorwise", "int8_tensorwise")])
+def test_comfyui_formats_keep_convolutions(unet, scheme, file_format):
+    """ComfyUI's formats hold Linear layers only, so a Kiln file in one loads whole in stock ComfyUI."""
+    reasons = _decide(unet, LayerPolicy(min_params=0, quantize=("*",)), scheme=scheme)
+    assert reasons["down_blocks.0.resnets.0.conv1"] == f"convolution (ComfyUI's {file_format} format has Linear layers only)"
     assert reasons["down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"] is None  # Linear layers still go in
 
 

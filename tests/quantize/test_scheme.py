@@ -37,6 +37,37 @@ def test_fp8_is_comfyui_per_tensor_amax_over_448(weight):
     assert sqnr_db(weight, deq) > 25
 
 
+def test_int8_tensorwise_is_comfyuis_one_scale_amax_over_127(weight):
+    """ComfyUI's int8_tensorwise (comfy_kitchen's quantize_int8_tensorwise): scale = amax / 127, one per tensor."""
+    scheme = SCHEMES["int8_tensorwise"]
+    stored, scale = scheme.quantize(weight)
+    assert stored.dtype == torch.int8 and scale.shape == () and scale.dtype == torch.float32
+    torch.testing.assert_close(scale, weight.abs().max() / 127)
+    assert stored.abs().max() == 127
+    deq = scheme.dequantize(stored, scale)
+    assert ((deq - weight).abs() <= scale / 2 + 1e-7).all()
+    torch.testing.assert_close(deq, stored.float() * scale)  # ComfyUI's dequantization: q.float() * scale
+    assert sqnr_db(weight, deq) > 25  # one range for channels 200x apart: below per-channel int8's 38 dB
+
+
+def test_int8_tensorwise_runs_the_weight_only_int8_gemm(weight):
+    scheme = SCHEMES["int8_tensorwise"]
+    assert (scheme.linear_op, scheme.per_channel, scheme.file_key) == ("int8_weight_linear", False, "comfy_quant")
+    stored, scale = scheme.quantize(weight)
+    x = torch.randn(3, 45)
+    torch.testing.assert_close(scheme.linear()(x, stored, scale, None), x @ scheme.dequantize(stored, scale).t())
+
+
+def test_each_scheme_says_what_reads_its_files():
+    readers = {name: scheme.readers for name, scheme in SCHEMES.items()}
+    assert readers == {
+        "int8_weight": "Kiln only (Kiln's own per-channel format)",
+        "int8_dynamic": "Kiln only (Kiln's own per-channel format)",
+        "fp8_e4m3": "ComfyUI 0.8.0 and newer (stock loader) and Kiln",
+        "int8_tensorwise": "ComfyUI with int8_tensorwise (0.33.0 has it; 0.8.0 does not) and Kiln"}
+    assert [n for n, s in SCHEMES.items() if s.comfyui_format] == ["fp8_e4m3", "int8_tensorwise"]
+
+
 def test_int8_dynamic_stores_like_int8_weight(weight):
     a, b = SCHEMES["int8_dynamic"].quantize(weight), SCHEMES["int8_weight"].quantize(weight)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
@@ -57,14 +88,17 @@ def test_fixed_scale_requantization_keeps_the_scale(name, weight):
                        stored.view(torch.uint8) if stored.dtype != torch.int8 else stored)
 
 
-@pytest.mark.parametrize("name", ["int8_weight", "fp8_e4m3"])
+@pytest.mark.parametrize("name", ["int8_weight", "fp8_e4m3", "int8_tensorwise"])
 def test_stochastic_rounding_keeps_a_sub_step_patch_on_average(name, weight):
     """A LoRA delta of a tenth of a step vanishes with nearest rounding, and survives on average with
     the patcher's seed (stochastic rounding)."""
     scheme = SCHEMES[name]
     stored, scale = scheme.quantize(weight)
     base = scheme.dequantize(stored, scale)
-    step = scale[:, None] if scale.dim() else scale * 2.0 ** (torch.floor(torch.log2((base / scale).abs().clamp_min(2 ** -6))) - 3)
+    if scheme.storage == torch.int8:  # one step is the scale, per channel or per tensor
+        step = scale.reshape(-1, 1)
+    else:  # e4m3: 3 mantissa bits
+        step = scale * 2.0 ** (torch.floor(torch.log2((base / scale).abs().clamp_min(2 ** -6))) - 3)
     delta = (0.1 * step).expand_as(base)
     nearest = scheme.dequantize(scheme.quantize(base + delta, scale)[0], scale)
     assert torch.equal(nearest, base)
