@@ -106,6 +106,8 @@ def test_each_prompt_is_followed_by_its_eager_twin():
 
 
 FIRST_COMPILE = CompileEvent(0, 1.5, "fx", True, "first compile")
+RECOMPILE = CompileEvent(1, 1.5, "fx", True, "recompile: 0/0: tensor 'x' size mismatch at index 0")
+EVENTS = {event.line(): event for event in (FIRST_COMPILE, RECOMPILE)}
 
 
 def records(tmp_path, kiln_pixels, eager_pixels, kiln_lines=(), seconds=(2.0, 1.0)):
@@ -120,15 +122,15 @@ def records(tmp_path, kiln_pixels, eager_pixels, kiln_lines=(), seconds=(2.0, 1.
             images.append(str(path))
         node = "Kiln › Compile UNet (2)"
         shown = [line.removeprefix(f"{node}: ") for line in lines]
-        compiles = [{"node": node, "event": asdict(FIRST_COMPILE)} for line in shown if line == FIRST_COMPILE.line()]
+        compiles = [{"node": node, "event": asdict(EVENTS[line])} for line in shown if line in EVENTS]
         made.append({"settings": {"run": name, "10.width": 192}, "images": images, "kiln_lines": list(lines),
                      "kiln_compiles": compiles, "total_seconds": total,
                      "kiln_compile_seconds": 1.5 if lines else (0.0 if name == "kiln" else None)})
     return made
 
 
-def summary_args(max_compiles=2):
-    return argparse.Namespace(mode="fast", steps=2, max_compiles=max_compiles)
+def summary_args(max_recompiles=1, settle=1):
+    return argparse.Namespace(mode="fast", steps=2, max_recompiles=max_recompiles, settle=settle)
 
 
 def test_summary_of_a_run_that_holds(tmp_path, capsys):
@@ -138,7 +140,8 @@ def test_summary_of_a_run_that_holds(tmp_path, capsys):
     run = records(tmp_path, [image], [image], compiled) + records(tmp_path, [image] * 2, [image] * 2, seconds=(3.0, 2.0))
     assert load_run.summarize(run, summary_args(), tmp_path) == 0
     out = capsys.readouterr().out
-    assert "lowest PSNR inf dB over 3 images" in out and "Kiln compiles: 1 in all (at most 2 allowed)" in out
+    assert "lowest PSNR inf dB over 3 images" in out
+    assert "Kiln compiles: 1 in all, 0 of them recompiles (at most 1 allowed), none after prompt 1 allowed" in out
     assert "  prompt 1: Kiln › Compile UNet (2): Kiln compiled graph 0 in 1.5s" in out
     assert "prompts that compiled nothing (1): Kiln's time / its eager twin's, median 1.50" in out
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -150,11 +153,12 @@ def test_summary_of_a_run_that_holds(tmp_path, capsys):
 def test_summary_names_each_check_that_fails(tmp_path, capsys):
     image = bytes(range(36))
     noisy = bytes(p ^ 64 for p in image)  # far below 40 dB
-    compiled = ["Kiln › Compile UNet (2): Kiln compiled graph 0 in 1.5s (fx, dynamic shapes): first compile"] * 3
-    run = records(tmp_path, [noisy], [image], compiled) + records(tmp_path, [image], [image] * 2)
-    assert load_run.summarize(run, summary_args(max_compiles=2), tmp_path) == 1
+    recompiled = [f"Kiln › Compile UNet (2): {RECOMPILE.line()}"] * 2
+    run = records(tmp_path, [noisy], [image], recompiled) + records(tmp_path, [image], [image] * 2, recompiled[:1])
+    assert load_run.summarize(run, summary_args(max_recompiles=2, settle=1), tmp_path) == 1
     failures = json.loads((tmp_path / "summary.json").read_text())["failures"]
     assert failures[0].startswith("prompt 1 {'10.width': 192}: PSNR ") and failures[0].endswith(" dB < 40")
     assert failures[1] == "prompt 2: 1 image(s) vs 2 eager"
-    assert failures[2] == "3 compiles > 2"
-    assert "load run: 3 check(s) failed" in capsys.readouterr().out
+    assert failures[2] == "3 recompiles > 2"
+    assert failures[3] == "Kiln compiled after prompt 1: in prompt(s) 2"
+    assert "load run: 4 check(s) failed" in capsys.readouterr().out
