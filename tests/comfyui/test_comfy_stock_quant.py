@@ -52,7 +52,6 @@ def quantized_weights(model) -> int:
     return sum(isinstance(p, quant_ops.QuantizedTensor) for p in model.model.diffusion_model.parameters())
 
 
-
 @pytest.fixture(autouse=True)
 def inference_mode():
     with torch.inference_mode():  # as ComfyUI runs every node
