@@ -19,6 +19,7 @@ decides; comfy.quant_ops.QUANT_ALGOS says what this ComfyUI reads).
 """
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 
@@ -161,9 +162,7 @@ def _loaded_by_comfyui(path: str, name: str, formats: dict):
     from .plan_wrapper import comfyui_version
 
     model = comfy.sd.load_diffusion_model(path)
-    by_format: dict[str, int] = {}
-    for marked in formats.values():
-        by_format[str(marked)] = by_format.get(str(marked), 0) + 1
+    by_format = collections.Counter(str(marked) for marked in formats.values())
     kiln_cannot = sorted({str(marked) for marked in formats.values() if not marked.kiln_reads})
     counts = ", ".join(f"{count} {fmt}" for fmt, count in sorted(by_format.items()))
     return model, (f"Kiln: {name} has layers in {', '.join(kiln_cannot)}, which Kiln's quantized layers do not read, "

@@ -84,3 +84,31 @@ def kiln_stats(model):
 
     wrapper = model.get_wrappers("apply_model", WRAPPER_KEY)[0]
     return model_for(model.get_model_object("diffusion_model"), wrapper.plan).stats
+
+
+# ComfyUI's per-layer quantized formats as its own quantizers write them: format -> (stored dtype, largest stored value)
+COMFY_FORMATS = {"float8_e4m3fn": (torch.float8_e4m3fn, 448.0), "float8_e5m2": (torch.float8_e5m2, 57344.0),
+                 "int8_tensorwise": (torch.int8, 127.0)}
+
+
+def comfy_quantized(state_dict: dict, file_format: str, per_row: bool = False, stored=None) -> dict:
+    """A diffusion model's state dict with every Linear (2-D) weight in ComfyUI's per-layer format `file_format`:
+    <layer>.weight stored, <layer>.weight_scale float32 (0-dim, or (out, 1) with `per_row`), <layer>.comfy_quant.
+    `stored`: (dtype, largest value) for a format not in COMFY_FORMATS."""
+    import json
+
+    dtype, largest = stored or COMFY_FORMATS[file_format]
+    marker = torch.tensor(list(json.dumps({"format": file_format}).encode()), dtype=torch.uint8)
+    out = {}
+    for key, value in state_dict.items():
+        if not (key.endswith(".weight") and value.dim() == 2):
+            out[key] = value.contiguous()
+            continue
+        layer = key[:-len(".weight")]
+        weight = value.float()
+        scale = ((weight.abs().amax(dim=1, keepdim=True) if per_row else weight.abs().amax()) / largest).clamp_min(1e-12)
+        scaled = weight / scale
+        out[key] = (scaled.round() if dtype == torch.int8 else scaled).clamp(-largest, largest).to(dtype)
+        out[f"{layer}.weight_scale"] = scale
+        out[f"{layer}.comfy_quant"] = marker.clone()
+    return out

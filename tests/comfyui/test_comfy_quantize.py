@@ -18,7 +18,7 @@ import folder_paths  # noqa: E402
 import safetensors.torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-from comfy_testing import DETECTABLE_SD15, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
+from comfy_testing import DETECTABLE_SD15, comfy_quantized, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
 from kiln.compiler.quantize import SCHEMES, QuantizeError, QuantLinear, quantized_layers  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.plan_wrapper import PLAN_KEY, comfyui_version  # noqa: E402
@@ -203,30 +203,14 @@ def test_a_comfyui_fp8_file_loads_in_kiln(detectable, models_dir, layout):
 # Kiln's weight-only int8 against stock ComfyUI's int8 GEMM, which quantizes activations per row too (W8A8):
 # sampled latents on the detectable UNet, measured 6.3e-3 to 7.3e-3 (Kiln against the float model: 4.0e-3)
 INT8_STOCK_BOUND = 0.02
-# ComfyUI's per-layer formats written by hand (its own layout): format -> (stored dtype, largest stored magnitude)
-COMFY_FORMATS = {"int8_tensorwise": (torch.int8, 127.0), "float8_e5m2": (torch.float8_e5m2, 57344.0),
-                 "float4_unknown": (torch.int8, 7.0)}  # a format neither Kiln nor any ComfyUI reads
 
 
-def comfy_format_file(patcher, path, file_format: str, per_row: bool = False) -> int:
-    """Write `patcher`'s float diffusion model with every Linear weight in ComfyUI's `file_format`
-    (<layer>.weight stored, <layer>.weight_scale float32: 0-dim, or (out, 1) per row, <layer>.comfy_quant);
-    returns how many layers."""
-    dtype, largest = COMFY_FORMATS[file_format]
-    unet = patcher.model.diffusion_model
-    linears = {name for name, m in unet.named_modules() if isinstance(m, torch.nn.Linear)}
-    sd = {k: v.contiguous() for k, v in unet.state_dict().items()}
-    for layer in linears:
-        weight = sd[f"{layer}.weight"].float()
-        amax = weight.abs().amax(dim=1, keepdim=True) if per_row else weight.abs().amax()
-        scale = (amax / largest).clamp_min(1e-12)
-        stored = weight / scale
-        sd[f"{layer}.weight"] = (stored.round().clamp(-largest, largest) if dtype == torch.int8
-                                 else stored.clamp(-largest, largest)).to(dtype)
-        sd[f"{layer}.weight_scale"] = scale
-        sd[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps({"format": file_format}).encode()), dtype=torch.uint8)
+def comfy_format_file(patcher, path, file_format: str, per_row: bool = False, stored=None) -> int:
+    """Write `patcher`'s float diffusion model in ComfyUI's `file_format` (comfy_testing.comfy_quantized); returns
+    how many layers."""
+    sd = comfy_quantized(patcher.model.diffusion_model.state_dict(), file_format, per_row, stored)
     comfy.utils.save_torch_file(sd, str(path))
-    return len(linears)
+    return sum(key.endswith(".comfy_quant") for key in sd)
 
 
 def comfy_quantized_weights(model) -> list:
@@ -296,7 +280,8 @@ def test_a_float8_e5m2_file_goes_to_comfyuis_own_loader(detectable_float, models
 
 
 def test_a_file_in_a_format_neither_reads_is_refused_naming_the_layer_and_the_comfyui(detectable_float, models_dir):
-    comfy_format_file(detectable_float, models_dir / "fp4.safetensors", "float4_unknown")
+    comfy_format_file(detectable_float, models_dir / "fp4.safetensors", "float4_unknown",
+                      stored=(torch.int8, 7.0))  # a format neither Kiln nor any ComfyUI reads
     with pytest.raises(QuantizeError) as caught:
         KilnLoadQuantizedModel().load("fp4.safetensors")
     message = str(caught.value)

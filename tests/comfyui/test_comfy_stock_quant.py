@@ -4,7 +4,6 @@ QuantizedTensor weights, compiles by blocks with the weights kept quantized, giv
 serves new sizes without compiling again after the first change, and a LoRA added after Kiln applies as in eager.
 Each format the running ComfyUI lists in comfy.quant_ops.QUANT_ALGOS is tested (0.8.0: the two fp8 ones; 0.33.0
 also int8_tensorwise). Runs when COMFYUI_PATH points at a ComfyUI tree; skips otherwise."""
-import json
 import os
 
 import pytest
@@ -21,31 +20,11 @@ import torch  # noqa: E402
 quant_ops = pytest.importorskip("comfy.quant_ops")
 
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
-from comfy_testing import DETECTABLE_SD15, kiln_stats, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
+from comfy_testing import (COMFY_FORMATS, DETECTABLE_SD15, comfy_quantized, kiln_stats, lora_like_patches,  # noqa: E402
+                           make_tiny_sd15_patcher, sample)
 from testing_utils import psnr, rel_err  # noqa: E402
 
-# format -> (stored dtype, largest stored magnitude): what ComfyUI's own quantizers write, one scale per tensor
-FORMATS = {"float8_e4m3fn": (torch.float8_e4m3fn, 448.0), "float8_e5m2": (torch.float8_e5m2, 57344.0),
-           "int8_tensorwise": (torch.int8, 127.0)}
 SIZES = (8, 12, 16)  # latent sizes: the first compiles, the first change may recompile a block once, then none
-
-
-def comfy_quantized(state_dict: dict, file_format: str) -> dict:
-    """A diffusion model's state dict with every Linear weight stored in ComfyUI's per-layer format."""
-    dtype, largest = FORMATS[file_format]
-    out = {}
-    for key, value in state_dict.items():
-        if not (key.endswith(".weight") and value.dim() == 2):
-            out[key] = value.contiguous()
-            continue
-        layer = key[:-len(".weight")]
-        scale = (value.float().abs().amax() / largest).clamp_min(1e-12)
-        stored = value.float() / scale
-        stored = stored.round().clamp(-127, 127) if dtype == torch.int8 else stored.clamp(-largest, largest)
-        out[key] = stored.to(dtype)
-        out[f"{layer}.weight_scale"] = scale.reshape(())
-        out[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps({"format": file_format}).encode()), dtype=torch.uint8)
-    return out
 
 
 def quantized_weights(model) -> int:
@@ -64,7 +43,7 @@ def float_unet():
         return make_tiny_sd15_patcher(unet_config=DETECTABLE_SD15).model.diffusion_model.state_dict()
 
 
-@pytest.fixture(scope="module", params=list(FORMATS))
+@pytest.fixture(scope="module", params=list(COMFY_FORMATS))
 def stock(request, float_unet, tmp_path_factory):
     """The model ComfyUI's own Load Diffusion Model gives for the file in this format."""
     if request.param not in quant_ops.QUANT_ALGOS:
