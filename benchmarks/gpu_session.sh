@@ -2,7 +2,7 @@
 # Kiln's GPU suite, one part at a time (each part takes well under 10 minutes on a recent GPU).
 # Run it from the repository root on a CUDA machine (see benchmarks/README.md):
 #
-#   bash benchmarks/gpu_session.sh tests                 # GPU-only tests + kernel tests on CUDA
+#   bash benchmarks/gpu_session.sh tests [PATH...]       # GPU-only tests + kernel tests on CUDA, a pytest per file
 #   bash benchmarks/gpu_session.sh kernels               # kernel microbenchmarks at real shapes
 #   bash benchmarks/gpu_session.sh suite CASE[,CASE] [VARIANT,...]  # the GPU suite, some cases (all variants)
 #   bash benchmarks/gpu_session.sh shapes auto|dynamic|kiln   # kiln bench --shapes at SDXL size, one variant
@@ -10,10 +10,10 @@
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_session.sh tests | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln | cache"
+usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln | cache"
 part="${1:-}"
 case "$part ${2:-}" in
-    "tests "|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache ") ;;
+    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache ") ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
 out="${OUT:-benchmarks/results/gpu-$(date +%F)}"
@@ -40,8 +40,16 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
     | tee "$out/machine.txt"
 
 case "$part" in
-    tests)  # Triton compiling for real on CUDA tensors (CI runs the kernels interpreted on CPU tensors)
-        TRITON_INTERPRET=0 python3 -m pytest -p no:cacheprovider tests/gpu tests/kernels -q 2>&1 | tee "$out/gpu-tests.log" ;;
+    tests)  # Triton compiling for real on CUDA tensors (CI runs the kernels interpreted on CPU tensors).
+        # One pytest per file, each failure's traceback printed as it ends: a run cut short keeps them.
+        shift
+        paths=("$@"); if [ ${#paths[@]} -eq 0 ]; then paths=(tests/gpu/test_*.py tests/kernels/test_*.py); fi
+        status=0
+        for path in "${paths[@]}"; do
+            TRITON_INTERPRET=0 python3 -m pytest -p no:cacheprovider -q --tb=short -rfE "$path" 2>&1 \
+                | tee -a "$out/gpu-tests.log" || status=1
+        done
+        exit $status ;;
     kernels)
         for k in geglu group_norm_silu layer_norm_modulate; do
             python3 -m kiln.benchmarks.bench_$k --device cuda --json "$out/bench_$k.json"

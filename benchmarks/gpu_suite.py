@@ -57,7 +57,7 @@ TINY_CASES = (
     Case("vae-decode-tiny", "vae", 1, torch.float32, channels_last=True),
 )
 
-# variant -> how to make it from the eager module
+# variant -> how to make it from the eager module (no commas in a name: --variants splits on them)
 VARIANTS: dict[str, Callable] = {
     "eager": lambda m: m,
     "torch.compile": lambda m: torch.compile(m),
@@ -70,8 +70,8 @@ VARIANTS: dict[str, Callable] = {
     "kiln balanced whole": lambda m: _kiln(m, "balanced", unit="whole"),
     "kiln balanced whole + cudagraphs": lambda m: _kiln(m, "balanced", cuda_graphs=True, unit="whole"),
     # the same without Kiln's Triton kernels: what they add over Inductor's own fusion, in one run
-    "kiln balanced, no kiln kernels": lambda m: _kiln(m, "balanced", kernels=False),
-    "kiln fast, no kiln kernels": lambda m: _kiln(m, "fast", kernels=False),
+    "kiln balanced without kiln kernels": lambda m: _kiln(m, "balanced", kernels=False),
+    "kiln fast without kiln kernels": lambda m: _kiln(m, "fast", kernels=False),
     # quantized (the default layer policy), then Kiln's balanced compile
     "kiln balanced + int8_weight": lambda m: _kiln(_quantized(m, "int8_weight"), "balanced"),
     "kiln balanced + int8_dynamic": lambda m: _kiln(_quantized(m, "int8_dynamic"), "balanced"),

@@ -3,12 +3,17 @@
 With `cuda_graphs` on, torch's CUDA graph trees record one CUDA graph per shape signature of a
 lowered graph (keyed by the values of its symbolic sizes), all sharing one memory pool per
 device, inputs copied into static buffers, a recording never replayed for another shape. Left
-alone they record every shape they ever see. The budget bounds that: the first
-`max_cuda_graphs` signatures to run record (counted over every graph of the model); a later
-signature runs the same compiled kernels without a CUDA graph, and the log and `kiln.stats` say
-so. Correctness never depends on the budget: it only decides whether torch records or replays.
-A specialised variant evicted by `max_variants` and specialised again is a new recording and
-takes a new place (torch keeps the old one until the model is released).
+alone they record every shape they ever see. The budget bounds that by the model's input shapes:
+the first `max_cuda_graphs` of them to run record, each with every graph of the model (a model
+compiled by blocks has one per region, at each of its sizes); a later shape runs the same compiled
+kernels without CUDA graphs, and the log and `kiln.stats` say so. Correctness never depends on the
+budget: it only decides whether torch records or replays. Counting graph by graph instead would
+spend the whole budget on the first shape's regions (SD1.5 lowers 17 of them).
+
+The input shape is the KilnModel call's (`for_call`, the shapes of its tensor arguments); a
+lowered graph run outside such a call counts on its own, per signature. A specialised variant
+evicted by `max_variants` and specialised again records again under its shape's place (torch keeps
+the old recording until the model is released).
 
 Mechanism: torch asks `int_key in inductor.config.triton.cudagraph_capture_sizes` before it
 records or replays (checked: torch 2.11 - 2.13). While a Kiln call runs, that setting is this
@@ -17,7 +22,9 @@ being run. Past 8 recordings of one graph torch warns (`triton.cudagraph_dynamic
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Hashable, Optional
 
 from . import compat
 
@@ -30,37 +37,64 @@ NOT_ASKED = "none: torch did not CUDA-graph this graph (TORCH_LOGS=perf_hints sa
 
 class CudaGraphBudget:
     """One per compiled model. `run(record, fn, args)` runs one call of a lowered graph for the
-    shape signature of `record` (a stats.VariantRecord; its `cuda_graph` field says what happened)."""
+    shape signature of `record` (a stats.VariantRecord; its `cuda_graph` field says what happened);
+    inside `for_call(shape)` the place it takes is the model call's input shape."""
 
     def __init__(self, limit: int):
         self.limit = limit
-        self._recorded: list = []     # VariantRecords admitted to a CUDA graph, in order
+        self.shapes: list = []        # the model input shapes admitted, in order
+        self._outside: list = []      # VariantRecords admitted outside a model call, each a place
+        self._refused: list = []      # shapes and records told so in the log
+        self._call_shape: Optional[Hashable] = None
         self._current = None
         self._asked = False
         self._scope = compat.cuda_graph_capture_gate(self)
 
     @property
     def recorded(self) -> int:
-        return len(self._recorded)
+        """Places taken: model input shapes, and signatures of graphs run outside a model call."""
+        return len(self.shapes) + len(self._outside)
+
+    @contextlib.contextmanager
+    def for_call(self, shape: Hashable):
+        """One call of the model, whose tensor inputs have `shape` (any hashable summary of them)."""
+        self._call_shape = shape
+        try:
+            yield
+        finally:
+            self._call_shape = None
 
     def __contains__(self, int_key) -> bool:  # torch's question: may this shape record or replay?
         self._asked = True
         record = self._current
         if record is None:  # a CUDA-graphed function run outside Kiln's dispatch: not ours to bound
             return True
-        if any(record is r for r in self._recorded):
-            return True
-        if len(self._recorded) < self.limit:
-            self._recorded.append(record)
-            record.cuda_graph = RECORDED
-            log.info("Kiln: CUDA graph %d of %d for graph %d, %s", len(self._recorded), self.limit,
-                     record.graph, record.signature)
-            return True
-        if record.cuda_graph != OVER_BOUND:
+        shape = self._call_shape
+        if shape in self.shapes if shape is not None else any(record is r for r in self._outside):
+            return self._admit(record, shape)
+        if self.recorded < self.limit:
+            if shape is not None:
+                self.shapes.append(shape)
+                log.info("Kiln: CUDA graphs for input shape %d of %d: %s", len(self.shapes), self.limit, _shape_text(shape))
+            else:
+                log.info("Kiln: CUDA graph %d of %d for graph %d, %s", self.recorded + 1, self.limit,
+                         record.graph, record.signature)
+            return self._admit(record, shape)
+        if record.cuda_graph != RECORDED:  # a recording made for an admitted shape keeps its label
             record.cuda_graph = OVER_BOUND
-            log.warning("Kiln: graph %d runs %s without a CUDA graph: this model already has %d "
-                        "(shapes.max_cuda_graphs; raise it to record more)", record.graph, record.signature, self.limit)
+        refused = shape if shape is not None else record
+        if not any(refused is r or shape is not None and refused == r for r in self._refused):
+            self._refused.append(refused)
+            what = f"input shape {_shape_text(shape)}" if shape is not None else record.signature
+            log.warning("Kiln: %s runs without CUDA graphs: this model already records %d "
+                        "(shapes.max_cuda_graphs; raise it to record more)", what, self.limit)
         return False
+
+    def _admit(self, record, shape) -> bool:
+        if shape is None and not any(record is r for r in self._outside):
+            self._outside.append(record)
+        record.cuda_graph = RECORDED
+        return True
 
     def run(self, record, fn, args):
         if self._scope is None:  # this torch has no capture-size gate: unbounded (warned in compat)
@@ -74,6 +108,12 @@ class CudaGraphBudget:
         if not self._asked and not record.cuda_graph:
             record.cuda_graph = NOT_ASKED
         return out
+
+
+def _shape_text(shape) -> str:
+    if isinstance(shape, tuple) and all(isinstance(dims, tuple) for dims in shape):
+        return ", ".join("x".join(map(str, dims)) for dims in shape)
+    return str(shape)
 
 
 __all__ = ["CudaGraphBudget", "RECORDED", "OVER_BOUND", "NOT_ASKED"]

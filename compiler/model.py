@@ -34,11 +34,12 @@ from . import compat
 from .backend import KilnBackend
 from .blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
+from .cuda_graph_budget import CudaGraphBudget
 from .method import label_of
 from .passes import Progress
 from .plan import KilnPlan
 from .regional import RegionalCompile
-from .shapes import contiguous_inputs, mark_batch_and_resolution_dynamic, mark_schedule_dynamic
+from .shapes import contiguous_inputs, input_shapes, mark_batch_and_resolution_dynamic, mark_schedule_dynamic
 from .stats import KilnStats
 
 log = logging.getLogger("kiln")
@@ -99,6 +100,8 @@ class KilnModel(torch.nn.Module):
         self._compiled = None           # the torch.compile'd entry function, made on the first call
         self._backend: Optional[KilnBackend] = None
         self._regions: Optional[RegionalCompile] = None  # compiled by blocks: the regions, made on the first call
+        # with cuda_graphs on, what bounds the recordings: the model's input shapes (compiler/cuda_graph_budget.py)
+        self._cuda_graphs: Optional[CudaGraphBudget] = None
 
     @property
     def original(self) -> torch.nn.Module:
@@ -117,6 +120,12 @@ class KilnModel(torch.nn.Module):
         compiled = None if self.stats.fallback else self._compiled or self._regions or self._prepare()
         if compiled is None:
             return module(*args, **kwargs)
+        if self._cuda_graphs is not None:
+            with self._cuda_graphs.for_call(input_shapes(args, kwargs)):
+                return self._run(compiled, module, args, kwargs)
+        return self._run(compiled, module, args, kwargs)
+
+    def _run(self, compiled, module, args, kwargs):
         if compiled is self._regions:
             with self._regions.routed(self.progress):
                 return module(*args, **kwargs)
@@ -157,14 +166,17 @@ class KilnModel(torch.nn.Module):
             log.info("Kiln: %s", note)
             self.stats.warnings.append(note)
         label = label_of(module)
+        if options.cuda_graphs:
+            self._cuda_graphs = CudaGraphBudget(options.shapes.max_cuda_graphs)
         regions = self._blocks_to_compile(module)
         if regions:
-            self._regions = RegionalCompile(regions, options, self.stats, cache, label)
+            self._regions = RegionalCompile(regions, options, self.stats, cache, label, self._cuda_graphs)
             log.info("Kiln: %s compiles by blocks: %s", label, self.stats.units_line())
             return self._regions
         # not the model class's forward, shared by every model of the class (the 9th would run eagerly)
         entry = compat.own_code(_entry, f"kiln_{label.replace('.', '_')}")
-        self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=label)
+        self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=label,
+                                    cuda_graph_budget=self._cuda_graphs)
         self._compiled = torch.compile(entry, backend=self._backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
         return self._compiled
 

@@ -174,8 +174,7 @@ class RegionalCompile:
     """Every region of one model, compiled lazily, and the routing of its blocks' calls."""
 
     def __init__(self, regions: list[tuple[Region, list[torch.nn.Module]]], options: CompileOptions, stats: KilnStats,
-                 cache: Optional[GraphCache], label: str):
-        cuda_graph_budget = CudaGraphBudget(options.shapes.max_cuda_graphs) if options.cuda_graphs else None
+                 cache: Optional[GraphCache], label: str, cuda_graph_budget: Optional[CudaGraphBudget] = None):
         self.progress = RegionProgress(len(regions))
         self.regions = [CompiledRegion(region, options, stats, cache, label, cuda_graph_budget, self.progress)
                         for region, _ in regions]

@@ -60,6 +60,14 @@ def contiguous_inputs(args, kwargs):
     return tuple(fix(a) for a in args), {k: fix(v) for k, v in kwargs.items()}
 
 
+def input_shapes(args, kwargs) -> tuple:
+    """The shapes of a call's tensor arguments, positional then keyword (by name): what a model call's
+    CUDA graphs are counted by (compiler/cuda_graph_budget.py)."""
+    shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+    shapes += [tuple(kwargs[k].shape) for k in sorted(kwargs) if isinstance(kwargs[k], torch.Tensor)]
+    return tuple(shapes)
+
+
 def _dense(tensor: torch.Tensor) -> bool:
     """No gaps between its elements, in whatever dimension order (contiguous, channels-last, a transpose)."""
     expected = 1

@@ -6,6 +6,9 @@ import torch
 # Where the Triton kernel tests run: CPU tensors through Triton's interpreter (CI, the default set
 # in conftest.py), or CUDA with Triton compiling for real when run on a GPU with TRITON_INTERPRET=0.
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "0" else "cpu"
+# A Triton kernel's tl.dot on fp32 tiles: exact fp32 in the interpreter, TF32 (a 10-bit mantissa, as
+# torch's matmul with allow_tf32) on a CUDA GPU, the default input_precision there.
+FP32_DOT_TOL = 1e-5 if KERNEL_DEVICE == "cpu" else 2e-3
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -48,6 +48,11 @@ def test_readme_from_a_results_file(tmp_path, monkeypatch):
     assert "GPU suite, d, H100" in readme.read_text()
 
 
+def test_every_variant_can_be_named_in_variants():
+    """--variants splits on commas: a name with one could not be asked for (seen on a CUDA machine)."""
+    assert all("," not in name for name in gpu_suite.VARIANTS)
+
+
 def test_flop_count_is_the_matmul_count():
     lin = torch.nn.Linear(16, 8, bias=False)
     assert gpu_suite.model_flops(lambda: lin(torch.randn(4, 16))) == 2 * 4 * 16 * 8

@@ -64,3 +64,39 @@ def test_a_failing_call_leaves_the_budget_clean():
     assert inductor_config.triton.cudagraph_capture_sizes is None and budget.recorded == 0
     later = _record(4)
     assert budget.run(later, _torch_asks, ((4, 8),)) is True and later.cuda_graph == RECORDED
+
+
+def _region_record(graph: int, latent: int) -> VariantRecord:
+    return VariantRecord(graph=graph, signature=f"latent {latent}x{latent}", how="reused", seconds=0.0)
+
+
+def test_inside_a_model_call_the_place_is_the_models_input_shape(caplog):
+    """A model compiled by blocks runs a graph per region at each of its sizes: they all record under
+    the call's input shape, which takes one place, so the bound counts shapes a user samples."""
+    budget = CudaGraphBudget(limit=2)
+    shapes = {batch: ((batch, 4, 64, 64), (batch,)) for batch in (2, 4, 6)}
+    records = {batch: [_region_record(graph, latent) for graph, latent in ((0, 64), (1, 32), (2, 16))]
+               for batch in shapes}
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        for batch in (2, 4, 6, 2, 6):
+            with budget.for_call(shapes[batch]):
+                answers = [budget.run(record, _torch_asks, ((batch, record.graph),)) for record in records[batch]]
+            assert answers == [batch != 6] * 3, batch
+    assert budget.shapes == [shapes[2], shapes[4]] and budget.recorded == 2
+    assert all(r.cuda_graph == RECORDED for batch in (2, 4) for r in records[batch])
+    assert all(r.cuda_graph == OVER_BOUND for r in records[6])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "input shape 6x4x64x64, 6" in warnings[0], warnings
+
+
+def test_graphs_run_outside_a_model_call_count_one_place_each():
+    budget = CudaGraphBudget(limit=2)
+    with budget.for_call(((2, 4, 8, 8),)):
+        assert budget.run(_record(2), _torch_asks, ((2, 8),)) is True
+    outside = _record(4)
+    assert budget.run(outside, _torch_asks, ((4, 8),)) is True
+    assert budget.run(outside, _torch_asks, ((4, 8),)) is True   # replays: no new place
+    assert budget.run(_record(6), _torch_asks, ((6, 8),)) is False
+    with budget.for_call(((4, 4, 8, 8),)):
+        assert budget.run(_record(8), _torch_asks, ((8, 8),)) is False
+    assert budget.recorded == 2

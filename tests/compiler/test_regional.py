@@ -331,3 +331,29 @@ def test_the_models_own_error_still_reaches_the_user():
     compiled = kiln.compile(Broken(), mode="fast")
     with torch.no_grad(), pytest.raises(RuntimeError, match="cannot be multiplied"):
         compiled(torch.randn(2, 5))
+
+
+def test_with_cuda_graphs_every_regions_graph_runs_under_the_models_input_shape(monkeypatch):
+    """shapes.max_cuda_graphs counts the model's input shapes, not graphs (compiler/cuda_graph_budget.py):
+    each region's graph runs inside the model call's place. CUDA graphs need a GPU (tests/gpu); here the
+    budget is handed the CPU graphs to check what it is asked with."""
+    from kiln.compiler.backend import KilnBackend
+    from kiln.compiler.cuda_graph_budget import CudaGraphBudget
+
+    seen = []
+
+    def run(self, record, fn, args):
+        seen.append((record.graph, self._call_shape))
+        return fn(*args)
+
+    monkeypatch.setattr(CudaGraphBudget, "run", run)
+    monkeypatch.setattr(KilnBackend, "_budget", lambda self, device: self._cuda_graph_budget)
+    module = _net()
+    compiled = kiln.compile(module, mode="fast", cuda_graphs=True)
+    with torch.no_grad():
+        for shape in ((2, 8, 3, 5), (3, 8, 4, 4)):
+            seen.clear()
+            x = torch.randn(*shape)
+            assert rel_err(compiled(x), module(x)) < 1e-6
+            assert sorted({graph for graph, _ in seen}) == [0, 1] and len(seen) == 8  # 8 blocks, 2 region graphs
+            assert {call_shape for _, call_shape in seen} == {(shape,)}

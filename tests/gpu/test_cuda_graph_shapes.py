@@ -8,8 +8,9 @@ graph trees: keyed by the values of the symbolic sizes, one memory pool per devi
 every recording, inputs copied into static buffers). These tests check what a user relies on:
 every shape gets its own correct result, nothing recompiles, an output kept from an earlier
 step is never silently overwritten by a later replay, and shapes.max_cuda_graphs bounds the
-number of recordings.
+number of input shapes that record (SD1.5 compiles by blocks: every region records per shape).
 """
+import logging
 import os
 
 import pytest
@@ -41,16 +42,18 @@ def _model():
 def test_every_shape_signature_replays_its_own_cuda_graph(mode):
     module, inputs = _model()
     compiled = kiln.compile(module, mode=mode, cuda_graphs=True)
+    first_compile = None
     for i, (batch, h, w) in enumerate(SEQUENCE):
         args, kwargs = inputs(batch, h, w, seed=i)
         results = [compiled(*args, **kwargs)[0].clone() for _ in range(3)]  # warm-up, record, replay
+        first_compile = first_compile or kiln.stats(compiled).compile_count
         reference = module(*args, **kwargs)[0]
         for out in results:
             assert out.shape == reference.shape
             assert rel_err(out, reference) < FP16_REL_ERR, (mode, batch, h, w)
     info = kiln.stats(compiled)
-    assert info.compile_count == 1, info.summary()
-    assert "cudagraphs" in info.summary(), info.summary()
+    assert info.compile_count == first_compile and not info.recompiles, info.summary()  # new shapes: no compile
+    assert any(v.cuda_graph == "recorded" for v in info.variants), info.summary()
 
 
 def test_an_output_kept_across_shapes_is_never_silently_overwritten():
@@ -73,18 +76,22 @@ def test_an_output_kept_across_shapes_is_never_silently_overwritten():
 
 
 @pytest.mark.parametrize("mode", ["fast", "balanced"])
-def test_max_cuda_graphs_bounds_the_recordings(mode):
+def test_max_cuda_graphs_bounds_the_recordings(mode, caplog):
     module, inputs = _model()
     compiled = kiln.compile(module, options=kiln.CompileOptions(mode=mode, cuda_graphs=True,
                                                                 shapes={"max_cuda_graphs": 2}))
     distinct = list(dict.fromkeys(SEQUENCE))
-    for i, (batch, h, w) in enumerate(SEQUENCE):
-        args, kwargs = inputs(batch, h, w, seed=i)
-        for _ in range(3):
-            out = compiled(*args, **kwargs)[0].clone()
-        assert rel_err(out, module(*args, **kwargs)[0]) < FP16_REL_ERR, (mode, batch, h, w)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        for i, (batch, h, w) in enumerate(SEQUENCE):
+            args, kwargs = inputs(batch, h, w, seed=i)
+            for _ in range(3):
+                out = compiled(*args, **kwargs)[0].clone()
+            assert rel_err(out, module(*args, **kwargs)[0]) < FP16_REL_ERR, (mode, batch, h, w)
     info = kiln.stats(compiled)
-    states = [v.cuda_graph for v in info.variants]
-    assert len(info.variants) == len(distinct), info.summary()
-    assert states[:2] == ["recorded", "recorded"], info.summary()
-    assert all(s.startswith("none: max_cuda_graphs") for s in states[2:]), info.summary()
+    messages = [r.getMessage() for r in caplog.records]
+    admitted = [m for m in messages if "CUDA graphs for input shape" in m]
+    refused = [m for m in messages if "runs without CUDA graphs" in m]
+    assert len(admitted) == 2 and "input shape 1 of 2" in admitted[0] and "input shape 2 of 2" in admitted[1], admitted
+    assert len(refused) == len(distinct) - 2, refused  # each shape over the bound said once
+    states = {v.cuda_graph for v in info.variants}
+    assert states == {"recorded", "none: max_cuda_graphs reached"}, info.summary()

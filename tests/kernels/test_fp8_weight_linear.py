@@ -2,7 +2,7 @@ import importlib
 
 import pytest
 import torch
-from testing_utils import KERNEL_DEVICE, rel_err
+from testing_utils import FP32_DOT_TOL, KERNEL_DEVICE, rel_err
 
 from kiln.kernels import fp8_weight_linear, fp8_weight_linear_ref, fp8_weight_linear_triton
 
@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 DEVICE = KERNEL_DEVICE  # cpu (interpreted) in CI; cuda with TRITON_INTERPRET=0 on a GPU (sm_89+ for fp8 in Triton)
 fp8_module = importlib.import_module("kiln.kernels.quant.fp8_weight_linear")
 
-TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+TOL = {torch.float32: FP32_DOT_TOL, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 BF16_DOT_INTERPRETER_BUG = pytest.mark.xfail(DEVICE == "cpu", strict=True,
                                              reason="Triton interpreter: tl.dot on bf16 is wrong")
 DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=BF16_DOT_INTERPRETER_BUG)]
