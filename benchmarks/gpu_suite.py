@@ -4,8 +4,9 @@
     python -m kiln.benchmarks.gpu_suite --tiny          # CPU, tiny models: checks the suite still runs
 
 For each case (full-size architectures, random weights) and variant it records time per step
-(median of CUDA-event timings after warm-up), compile time, peak memory, relative error vs eager,
-model FLOPs per step, and the fraction of the measured matmul ceiling. Results go to
+(median of CUDA-event timings after warm-up), the GPU's busy time per step (its kernels' own times:
+well under the step means the GPU waits on the host), compile time, peak memory, relative error vs
+eager, model FLOPs per step, and the fraction of the measured matmul ceiling. Results go to
 benchmarks/results/<date>-<gpu>.json with the raw log beside it, and the README's Performance
 table is regenerated from the newest result. A failing variant is recorded with its error and
 the rest still run. Besides Kiln and a CUDA torch it needs only diffusers (a pure-Python wheel).
@@ -132,6 +133,7 @@ class Result:
     case: str
     variant: str
     ms: Optional[float] = None
+    busy_ms: Optional[float] = None   # the GPU's kernels per step (device_busy_ms); None on a CPU
     compile_s: Optional[float] = None
     peak_mem_gb: Optional[float] = None
     rel_err: Optional[float] = None
@@ -150,6 +152,23 @@ def matmul_ceiling_tflops(device: str, tiny: bool) -> float:
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     ms = median_ms(lambda: a @ b, device, warmup=3, reps=10 if tiny else 50)
     return 2 * n ** 3 / (ms / 1e3) / 1e12
+
+
+def device_busy_ms(fn, steps: int = 3) -> float:
+    """The GPU's busy time per call of `fn`: the sum of its kernels' own times (torch.profiler) over
+    `steps` calls, per call. Far under the call's wall time, the GPU waits on the host: launches,
+    Python, guards (what CUDA graphs remove)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+                   for e in prof.key_averages())
+    return total_us / 1e3 / steps
 
 
 def model_flops(fn) -> int:
@@ -192,12 +211,18 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
             result.ceiling_fraction = result.tflops / ceiling
             if device == "cuda":
                 result.peak_mem_gb = torch.cuda.max_memory_allocated() / 2 ** 30
+                try:
+                    with torch.inference_mode():
+                        result.busy_ms = device_busy_ms(lambda: runner(*args, **kwargs))
+                except Exception as exc:  # noqa: BLE001  the row keeps its timings; the log says why
+                    log(f"{case.name:<18} {name:<28} no busy time: {type(exc).__name__}: {exc}")
             if name.startswith("kiln"):
                 from .. import compiler
 
                 result.passes = {k: v for k, v in compiler.stats(runner).pass_counts.items() if v}
+            busy = f"  GPU busy {result.busy_ms:7.2f} ms" if result.busy_ms is not None else ""
             log(f"{case.name:<18} {name:<28} {result.ms:9.2f} ms  {result.speedup:5.2f}x  err {result.rel_err:.1e}  "
-                f"compile {result.compile_s:6.1f}s  {result.ceiling_fraction:6.1%} of ceiling")
+                f"compile {result.compile_s:6.1f}s  {result.ceiling_fraction:6.1%} of ceiling{busy}")
         except Exception as exc:  # noqa: BLE001  recorded; the other variants still run
             result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
             log(f"{case.name:<18} {name:<28} FAILED {result.error}\n{traceback.format_exc()}")
@@ -209,14 +234,15 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
 def performance_table(data: dict) -> str:
     lines = [f"GPU suite, {data['date']}, {data['machine']['device']} (torch {data['machine']['torch']}); "
              f"matmul ceiling {data['ceiling_tflops']:.0f} TFLOP/s. Speedup is vs eager in the same run.", "",
-             "| case | variant | ms/step | vs eager | % of ceiling | compile s | peak GB | rel err |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| case | variant | ms/step | GPU busy ms | vs eager | % of ceiling | compile s | peak GB | rel err |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in data["results"]:
         if r["error"]:
-            lines.append(f"| {r['case']} | {r['variant']} | failed: {r['error'][:80]} | | | | | |")
+            lines.append(f"| {r['case']} | {r['variant']} | failed: {r['error'][:80]} | | | | | | |")
             continue
         mem = f"{r['peak_mem_gb']:.1f}" if r["peak_mem_gb"] is not None else "-"
-        lines.append(f"| {r['case']} | {r['variant']} | {r['ms']:.2f} | {r['speedup']:.2f}x | {r['ceiling_fraction']:.1%} "
+        busy = f"{r['busy_ms']:.2f}" if r.get("busy_ms") is not None else "-"
+        lines.append(f"| {r['case']} | {r['variant']} | {r['ms']:.2f} | {busy} | {r['speedup']:.2f}x | {r['ceiling_fraction']:.1%} "
                      f"| {r['compile_s']:.0f} | {mem} | {r['rel_err']:.1e} |")
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ def test_tiny_suite_writes_results_and_log(tmp_path, monkeypatch):
     assert rows["kiln fast"]["error"] is None and rows["kiln fast"]["rel_err"] < 1e-4
     assert 0 < rows["kiln fast"]["ceiling_fraction"] and rows["kiln fast"]["tflops"] > 0
     assert rows["broken"]["error"] == "RuntimeError: no kernel for this"  # recorded, the rest still ran
+    assert rows["kiln fast"]["busy_ms"] is None  # the GPU's busy time: CUDA only
     assert "FAILED" in result_file.with_suffix(".log").read_text()
 
 
@@ -34,8 +35,11 @@ def test_readme_table_is_regenerated_after_the_marker(tmp_path):
     gpu_suite.update_readme(data, readme)
     text = readme.read_text()
     assert "old table" not in text and text.startswith("# Kiln")
-    assert "| sd15-512-cfg | kiln balanced | 10.00 | 2.00x | 20.0% | 60 | 3.0 | 1.0e-03 |" in text
+    assert "| sd15-512-cfg | kiln balanced | 10.00 | - | 2.00x | 20.0% | 60 | 3.0 | 1.0e-03 |" in text  # no busy time kept
     assert "| sd15-512-cfg | kiln max | failed: OOM |" in text
+    data["results"][0]["busy_ms"] = 4.5
+    gpu_suite.update_readme(data, readme)
+    assert "| sd15-512-cfg | kiln balanced | 10.00 | 4.50 | 2.00x |" in readme.read_text()
 
 
 def test_readme_from_a_results_file(tmp_path, monkeypatch):
