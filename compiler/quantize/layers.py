@@ -129,19 +129,30 @@ class QuantConv2d(_QuantLayer):
             raise ValueError(f"QuantConv2d supports padding_mode='zeros', not {padding_mode!r}")
         self.out_channels = weight.shape[0]
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        # the float weight's strides where they are not the standard ones (a channels-last model): a
+        # convolution's output takes its weight's memory format, and the dequantized weight must give
+        # the same as eager (a 1x1 kernel's layout is lost in quantizing, its strides being ambiguous),
+        # or the next block sees another layout than in eager and recompiles for it
+        self.weight_strides: Optional[tuple] = None
         self._init_quant(scheme, weight, scale, bias)
 
     @classmethod
     def from_float(cls, conv: torch.nn.Conv2d, scheme: Scheme, out_device=None) -> "QuantConv2d":
         stored, scale = scheme.quantize(conv.weight)
         bias = conv.bias
-        return cls(scheme, stored.to(out_device), scale.to(out_device),
-                   None if bias is None else bias.detach().to(out_device),
-                   conv.stride, conv.padding, conv.dilation, conv.groups, conv.padding_mode)
+        layer = cls(scheme, stored.to(out_device), scale.to(out_device),
+                    None if bias is None else bias.detach().to(out_device),
+                    conv.stride, conv.padding, conv.dilation, conv.groups, conv.padding_mode)
+        if conv.weight.stride() != torch.empty(conv.weight.shape, device="meta").stride():
+            layer.weight_strides = tuple(conv.weight.stride())
+        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, scale, bias = self._on_device_of(x)
         weight = self.scheme.dequantize(weight, scale, x.dtype)
+        if self.weight_strides is not None:
+            weight = torch.empty_strided(weight.shape, self.weight_strides, dtype=weight.dtype,
+                                         device=weight.device).copy_(weight)
         bias = None if bias is None else bias.to(x.dtype)
         return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 

@@ -29,6 +29,20 @@ def test_conv_is_weight_only():
     torch.testing.assert_close(layer(x), ref)
 
 
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_conv_of_a_channels_last_model_answers_in_eagers_layout(kernel):
+    """A conv's output takes its weight's memory format; quantizing loses a 1x1 kernel's (its strides
+    are ambiguous), and a block fed another layout than in eager recompiles (seen on a GPU: SD1.5's
+    1x1 proj_out, int8_dynamic, 11 recompiles)."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(16, 16, kernel, padding=kernel // 2).to(memory_format=torch.channels_last)
+    layer = QuantConv2d.from_float(conv, SCHEMES["int8_weight"])
+    x = torch.randn(2, 16, 5, 5)  # NCHW, as a transformer block's output before proj_out
+    assert layer(x).stride() == conv(x).stride()
+    plain = QuantConv2d.from_float(torch.nn.Conv2d(16, 16, kernel, padding=kernel // 2), SCHEMES["int8_weight"])
+    assert plain.weight_strides is None and plain(x).stride() == x.stride()
+
+
 def test_a_patch_beyond_the_quantized_range_is_clipped_and_said(caplog):
     layer = QuantLinear.from_float(torch.nn.Linear(8, 4), SCHEMES["int8_weight"])
     with caplog.at_level(logging.WARNING, logger="kiln"):
