@@ -20,7 +20,8 @@ if __package__:
     if compiler is not None:
         from .compiler import (CacheOptions, CompileOptions, KilnModel, KilnPlan, KilnStats,  # noqa: F401
                                KilnUnavailable, LayerPolicy, OptionsError, QuantizeError, QuantizeOptions,
-                               QuantReport, compile, load_quantized, quant_report, quantize, save_quantized, stats)
+                               QuantReport, StepCacheOptions, compile, load_quantized, quant_report, quantize,
+                               save_quantized, stats, step_cached)
 
     if "comfy" in _sys.modules:  # loaded by ComfyUI as a custom node pack (ComfyUI imports comfy first)
         from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
@@ -32,7 +33,7 @@ if __package__:
         else:
             _log.log(*_plan_wrapper.comfyui_range_note(_plan_wrapper.comfyui_version()))
 
-__all__ = ["compile", "stats", "quantize", "quant_report", "save_quantized", "load_quantized", "QuantizeError",
+__all__ = ["compile", "stats", "step_cached", "StepCacheOptions", "quantize", "quant_report", "save_quantized", "load_quantized", "QuantizeError",
            "QuantReport", "QuantizeOptions", "LayerPolicy", "CompileOptions", "CacheOptions", "KilnModel", "KilnPlan",
            "KilnStats", "KilnUnavailable", "OptionsError", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS",
            "__version__"]

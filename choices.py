@@ -1,5 +1,5 @@
 """Every named choice a Kiln user makes, each written once with what it means: the compile modes,
-the cache modes and the quantization schemes.
+the cache modes, the quantization schemes and the step cache methods.
 
 Standard library only, so ComfyUI's nodes offer the same choices (and tooltips) even when the
 compiler cannot load. The compiler builds its tables on these names (compiler/lowering.py,
@@ -30,6 +30,14 @@ SCHEMES = {
     "fp8_e4m3": "ComfyUI's fp8 format (fp8 GEMM on RTX 40xx/H100 and newer)",
     "int8_tensorwise": "ComfyUI's int8 format: int8 weights, one scale per tensor (ComfyUI 0.33 loads the file)",
 }
+
+# step cache method -> what it skips (compiler/step_cache.py)
+STEP_CACHE_METHODS = {
+    "reuse": "skip the whole model while its output is estimated to change less than the threshold, "
+             "reusing the last computed step's change (output - input); the estimate is the input's change "
+             "times the output/input change rate last measured (EasyCache's rule)",
+}
+DEFAULT_STEP_CACHE_METHOD = "reuse"
 
 
 def tooltip(choices: dict[str, str]) -> str:

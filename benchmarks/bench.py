@@ -150,6 +150,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "step (quantized eager, quantized + Kiln compile) and error, beside eager and Kiln's compile")
     parser.add_argument("--cache", action="store_true", help="instead: time to first step in fresh processes: Kiln cold, "
                         "Kiln warm from its cache, torch.compile cold and warm from Inductor's cache (mode: first of --modes)")
+    parser.add_argument("--step-cache", action="store_true", help="instead: the step cache on a trained tiny model (trained "
+                        "once into the user's cache, a few CPU minutes): PSNR vs uncached, model evaluations and "
+                        "wall-clock per threshold, eager and compiled (needs scikit-learn)")
+    parser.add_argument("--seeds", type=int, default=8, help="with --step-cache: images per setting")
     parser.add_argument("--schemes", default="int8_weight,int8_dynamic,fp8_e4m3", help="with --quant: schemes to run")
     parser.add_argument("--policy", default="", help="with --quant: the layer policy, YAML (e.g. 'min_params: 0')")
     parser.add_argument("--baselines", default=None, help="with --shapes: torch.compile variants to run, comma-separated "
@@ -172,6 +176,10 @@ def main(args: argparse.Namespace) -> int:
         from . import cache_bench
 
         return cache_bench.main(args)
+    if args.step_cache:
+        from . import step_cache_bench
+
+        return step_cache_bench.main(args)
     size = args.size or ("full" if args.device == "cuda" else "cpu")
     dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
     result = run_bench(args.model, size, args.device, dtype, args.batch, [m for m in (args.modes or "balanced").split(",") if m],

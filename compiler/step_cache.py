@@ -1,0 +1,193 @@
+"""The step cache: skip the model evaluations of a sampling run that would change almost nothing.
+
+Late in sampling, consecutive denoising steps change the model's output little. With method
+`reuse` (EasyCache's rule), each computed step keeps the model's change of its input, `output - x`,
+and the rate at which the output moved against the input since the step computed before it. A step
+whose input moved by `d` is estimated to move the output by `rate * d`, relative to the output's
+size; while these estimates, added up since the last computed step, stay under `threshold`, the
+step is skipped and answered with `x + the kept change`. The first steps (`start_percent` of the
+run) and the last (`end_percent` on) always compute, and so does any step after
+`max_consecutive_skips` skips.
+
+State belongs to one sampling run (`StepCache.reset()`, or a new run detected: progress going
+back, a new input shape), never to the model: a new resolution, batch, step count or sampler starts
+fresh. Within a run it is kept per key (ComfyUI's conds, which a sampler may evaluate in separate
+calls): the first key seen at a step decides for the step, and every key follows that decision
+when it has a change of its own to reuse. The decision is made outside the model, so compiled
+graphs never see it: changing the threshold or the step count recompiles nothing.
+
+`StepCache.step(x, progress, compute, key)` is the whole interface: `compute()` runs the model.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Hashable, Mapping, Optional
+
+import torch
+
+from ..choices import DEFAULT_STEP_CACHE_METHOD, STEP_CACHE_METHODS
+from .option_text import check_keys, shorten
+
+MAX_KEYS = 64  # conds kept per run: each holds a latent-sized change; a workflow cannot ask for more
+
+
+class StepCacheError(ValueError):
+    """A step cache option is invalid, or the cache was used wrongly; the message names the field."""
+
+
+@dataclass(frozen=True)
+class StepCacheOptions:
+    method: str = DEFAULT_STEP_CACHE_METHOD
+    # defaults chosen on the trained tiny denoiser (`kiln bench --step-cache`, docs/step-cache.md):
+    # at 20 and 30 steps the fewest model evaluations that keep every image >= 30 dB of its uncached twin
+    threshold: float = 0.05           # estimated relative output change a run of skips may add up to
+    start_percent: float = 0.15       # steps before this share of the run always compute
+    end_percent: float = 0.95         # steps from this share on always compute
+    max_consecutive_skips: int = 2
+
+    def __post_init__(self):
+        if self.method not in STEP_CACHE_METHODS:
+            raise StepCacheError(f"step_cache.method={shorten(self.method)}: use one of {', '.join(STEP_CACHE_METHODS)}")
+        for name in ("threshold", "start_percent", "end_percent"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise StepCacheError(f"step_cache.{name}={shorten(value)}: use a number")
+        if not 0 <= self.threshold <= 10:
+            raise StepCacheError(f"step_cache.threshold={shorten(self.threshold)}: use a number from 0 (never skip) to 10")
+        if not 0 <= self.start_percent <= self.end_percent <= 1:
+            raise StepCacheError(f"step_cache.start_percent={shorten(self.start_percent)}, end_percent="
+                                 f"{shorten(self.end_percent)}: use 0 <= start_percent <= end_percent <= 1")
+        skips = self.max_consecutive_skips
+        if isinstance(skips, bool) or not isinstance(skips, int) or not 0 <= skips <= 100:
+            raise StepCacheError(f"step_cache.max_consecutive_skips={shorten(skips)}: use a whole number from 0 to 100")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "StepCacheOptions":
+        """From a node's or a YAML's mapping: unknown keys are refused by name."""
+        if not isinstance(values, Mapping):
+            raise StepCacheError(f"step_cache: use a mapping of {', '.join(f.name for f in fields(cls))}, "
+                                 f"not {shorten(values)}")
+        check_keys(values, [f.name for f in fields(cls)], "step_cache", StepCacheError)
+        return cls(**values)
+
+
+@dataclass
+class StepCacheReport:
+    """What one sampling run did: a letter per model call (C computed, s skipped), per key."""
+
+    threshold: float
+    patterns: dict[str, str] = field(default_factory=dict)   # key -> "CCCCsCs..."
+    estimate_used: float = 0.0     # the largest added-up estimate a skip was taken at, of `threshold`
+
+    @property
+    def computed(self) -> int:
+        return sum(p.count("C") for p in self.patterns.values())
+
+    @property
+    def skipped(self) -> int:
+        return sum(p.count("s") for p in self.patterns.values())
+
+    def line(self) -> str:
+        calls = self.computed + self.skipped
+        if not calls:
+            return "step cache: no model call yet"
+        saved = f"{calls / self.computed:.2f}x fewer model evaluations" if self.computed else "every call skipped"
+        keys = "; ".join(f"{key}: {pattern}" for key, pattern in self.patterns.items())
+        return (f"step cache: {self.computed} of {calls} model calls computed, {self.skipped} skipped ({saved}); "
+                f"estimated change used {self.estimate_used:.3f} of {self.threshold:g}; {keys}")
+
+
+@dataclass
+class _KeyState:
+    x_last: Optional[torch.Tensor] = None       # the input of the step before
+    change: Optional[torch.Tensor] = None       # output - input of the last computed step
+    out_last: Optional[torch.Tensor] = None     # the output of the last computed step
+    x_computed: Optional[torch.Tensor] = None   # the input of the last computed step
+    rate: Optional[float] = None                # output change / input change between the last two computed steps
+    pattern: list = field(default_factory=list)
+
+
+def _mean_abs(t: torch.Tensor) -> float:
+    return t.detach().float().abs().mean().item()
+
+
+class StepCache:
+    """The state of one sampling run; see the module docstring."""
+
+    def __init__(self, options: Optional[StepCacheOptions] = None):
+        self.options = options or StepCacheOptions()
+        self.reset()
+
+    def reset(self) -> None:
+        """A new sampling run: nothing is kept from the last one (its report stays in `last_report`)."""
+        if getattr(self, "_states", None):
+            self.last_report = self.report()
+        else:
+            self.last_report = None
+        self._states: dict[Hashable, _KeyState] = {}
+        self._progress: Optional[float] = None
+        self._skip_step: Optional[bool] = None   # the decision of the step in progress (its first key's)
+        self._added = 0.0                         # estimates added up since the last computed step
+        self._skips = 0                           # consecutive skipped steps
+        self._estimate_used = 0.0
+
+    def report(self) -> StepCacheReport:
+        return StepCacheReport(threshold=self.options.threshold, estimate_used=self._estimate_used,
+                               patterns={str(key): "".join(s.pattern) for key, s in self._states.items()})
+
+    def step(self, x: torch.Tensor, progress: float, compute: Callable[[], torch.Tensor],
+             key: Hashable = "all") -> torch.Tensor:
+        """The model's output for input `x` at `progress` (0 at the run's first step, 1 at its end):
+        `compute()`'s, or `x` plus the change kept from the last computed step."""
+        if not isinstance(progress, (int, float)) or not math.isfinite(progress):
+            raise StepCacheError(f"step cache: progress={shorten(progress)} must be a finite number")
+        if self._progress is not None and progress < self._progress:
+            self.reset()  # progress went back: a new sampling run
+        if progress != self._progress:
+            self._progress, self._skip_step = progress, None
+        state = self._states.get(key)
+        if state is None:
+            if len(self._states) >= MAX_KEYS:
+                raise StepCacheError(f"step cache: more than {MAX_KEYS} conds in one sampling run")
+            state = self._states[key] = _KeyState()
+        elif state.x_last is not None and (state.x_last.shape, state.x_last.dtype) != (x.shape, x.dtype):
+            state = self._states[key] = _KeyState(pattern=state.pattern)  # a new size: nothing kept applies
+        if self._skip_step is None:  # the first key of this step decides for every key
+            self._skip_step = self._decide(state, x, progress)
+        usable = state.change is not None and state.change.shape == x.shape
+        if self._skip_step and usable:
+            state.pattern.append("s")
+            state.x_last = x
+            return x + state.change.to(x.dtype)
+        out = compute()
+        self._learn(state, x, out)
+        state.pattern.append("C")
+        return out
+
+    def _decide(self, state: _KeyState, x: torch.Tensor, progress: float) -> bool:
+        """Skip this step? Adds this step's estimate, or starts counting afresh when it computes."""
+        options = self.options
+        skip = False
+        if (options.threshold > 0 and options.start_percent <= progress < options.end_percent
+                and self._skips < options.max_consecutive_skips and state.rate is not None
+                and state.x_last is not None and state.x_last.shape == x.shape and state.out_last is not None):
+            size = _mean_abs(state.out_last)
+            estimate = state.rate * _mean_abs(x - state.x_last) / size if size > 0 else math.inf
+            if self._added + estimate < options.threshold:
+                self._added += estimate
+                self._estimate_used = max(self._estimate_used, self._added)
+                skip = True
+        if skip:
+            self._skips += 1
+        else:
+            self._added, self._skips = 0.0, 0
+        return skip
+
+    def _learn(self, state: _KeyState, x: torch.Tensor, out: torch.Tensor) -> None:
+        """After a computed step: the change to reuse, and the output/input change rate."""
+        if state.out_last is not None and state.x_computed is not None and state.out_last.shape == out.shape:
+            moved = _mean_abs(x - state.x_computed)
+            state.rate = _mean_abs(out - state.out_last) / moved if moved > 0 else None
+        state.change = (out - x).detach()
+        state.out_last, state.x_computed, state.x_last = out.detach(), x.detach(), x.detach()

@@ -1,0 +1,55 @@
+"""`StepCachedModel`: a diffusion model called as `model(x, timestep, ...)` behind a StepCache.
+
+For Python sampling loops (diffusers-style models and schedulers): the run's progress comes from
+the timestep, `1 - timestep / num_train_timesteps` (1000 for SD1.5/SDXL's DDPM schedules, 1 for a
+flow model whose timesteps are sigmas in [0, 1]), and a run starts again when it goes back. Wrap a
+compiled model (`step_cached(kiln.compile(unet))`) or an eager one: the cache decides outside the
+model either way. ComfyUI's node resets the cache per sampling run itself (nodes/).
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from .step_cache import StepCache, StepCacheError, StepCacheOptions, StepCacheReport
+
+
+class StepCachedModel(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, options: Optional[StepCacheOptions] = None,
+                 num_train_timesteps: float = 1000):
+        super().__init__()
+        if not num_train_timesteps > 0:
+            raise StepCacheError(f"num_train_timesteps={num_train_timesteps!r}: use a positive number")
+        self.module = module
+        self.cache = StepCache(options)
+        self.num_train_timesteps = float(num_train_timesteps)
+        self._returns_tuple = False  # diffusers' return_dict=False: answer a skipped step the same way
+
+    def forward(self, x: torch.Tensor, timestep: Union[torch.Tensor, float], *args, **kwargs):
+        t = float(timestep.max()) if isinstance(timestep, torch.Tensor) else float(timestep)
+
+        def compute() -> torch.Tensor:
+            out = self.module(x, timestep, *args, **kwargs)
+            self._returns_tuple = isinstance(out, tuple)
+            if self._returns_tuple:
+                return out[0]
+            if not isinstance(out, torch.Tensor):
+                raise StepCacheError(f"step cache: the model returned {type(out).__name__}; call it with "
+                                     "return_dict=False (a tensor or a tuple whose first item is one)")
+            return out
+
+        out = self.cache.step(x, 1.0 - t / self.num_train_timesteps, compute)
+        return (out,) if self._returns_tuple else out
+
+    def report(self) -> StepCacheReport:
+        """The run in progress (or the last, right after a run ends and before the next starts)."""
+        return self.cache.report()
+
+
+def step_cached(module: torch.nn.Module, options: Union[StepCacheOptions, dict, None] = None,
+                num_train_timesteps: float = 1000) -> StepCachedModel:
+    """`module` behind a step cache (compiler/step_cache.py); `options` a StepCacheOptions or a mapping."""
+    if isinstance(options, dict):
+        options = StepCacheOptions.from_mapping(options)
+    return StepCachedModel(module, options, num_train_timesteps)

@@ -1,0 +1,116 @@
+"""The step cache's rule and state (compiler/step_cache.py), on models whose outputs are known."""
+import pytest
+import torch
+
+import kiln
+from kiln.compiler import StepCache, StepCacheError, StepCacheOptions, step_cached
+
+
+class Settling(torch.nn.Module):
+    """A 'denoiser' whose output moves less and less as sampling goes on, like a trained one's."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x, t, *rest):
+        self.calls += 1
+        return 0.5 * x + torch.tanh(x) * 0.1 + 0.01 * t.reshape(-1, *[1] * (x.dim() - 1)) / 1000
+
+
+def _run(model, steps=30, shape=(2, 4, 8, 8), seed=0):
+    """A sampling loop: x moves toward the model's output, by less each step."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    for i, t in enumerate(torch.linspace(999, 0, steps)):
+        out = model(x, t.repeat(shape[0]))
+        x = x + (out - x) / (i + 2)
+    return x
+
+
+def test_threshold_zero_computes_every_step_and_gives_the_uncached_result_bit_for_bit():
+    plain = _run(Settling())
+    model = Settling()
+    cached = step_cached(model, {"threshold": 0})
+    assert torch.equal(_run(cached), plain)
+    assert model.calls == 30 and cached.report().skipped == 0
+
+
+def test_skips_stay_inside_the_window_and_the_consecutive_bound():
+    options = StepCacheOptions(threshold=0.5, start_percent=0.2, end_percent=0.9, max_consecutive_skips=2)
+    model = Settling()
+    cached = step_cached(model, options)
+    _run(cached, steps=30)
+    pattern = cached.report().patterns["all"]
+    assert len(pattern) == 30 and pattern.count("s") > 0 and model.calls == pattern.count("C")
+    assert "sss" not in pattern                                            # at most 2 in a row
+    progress = [i / 29 * 999 / 1000 for i in range(30)]                     # 1 - t / 1000 at each step
+    assert all(c == "C" for c, p in zip(pattern, progress) if not 0.2 <= p < 0.9)  # first and last steps compute
+    assert 0 < cached.report().estimate_used < 0.5
+    assert "model calls computed" in cached.report().line()
+
+
+def test_a_skipped_step_answers_its_input_plus_the_last_computed_change():
+    cache = StepCache(StepCacheOptions(threshold=10, start_percent=0, max_consecutive_skips=100))
+    outs = [cache.step(torch.full((1, 2), float(v)), p, lambda v=v: torch.full((1, 2), 2.0 * v))
+            for p, v in ((0.0, 1), (0.1, 2), (0.2, 3))]
+    assert cache.report().patterns["all"] == "CCs"
+    assert torch.equal(outs[2], torch.full((1, 2), 3.0 + (4.0 - 2.0)))      # x + (out - x) of step 2
+
+
+def test_a_new_run_starts_fresh_and_keeps_the_last_report():
+    cached = step_cached(Settling(), {"threshold": 0.5, "start_percent": 0.1})
+    _run(cached, steps=20)
+    first = cached.report()
+    _run(cached, steps=12, shape=(1, 4, 6, 10), seed=1)  # another size and step count: progress goes back
+    assert cached.cache.last_report.patterns == first.patterns
+    assert len(cached.report().patterns["all"]) == 12
+
+
+def test_a_new_input_shape_within_a_run_never_reuses_a_change_of_another_shape():
+    cache = StepCache(StepCacheOptions(threshold=10, start_percent=0, max_consecutive_skips=100))
+    for p in (0.0, 0.1, 0.2):
+        cache.step(torch.ones(1, 4), p, lambda: torch.ones(1, 4) * 2)
+    out = cache.step(torch.ones(2, 4), 0.3, lambda: torch.zeros(2, 4))
+    assert torch.equal(out, torch.zeros(2, 4)) and cache.report().patterns["all"].endswith("C")
+
+
+def test_the_first_cond_decides_and_the_others_follow_when_they_can():
+    cache = StepCache(StepCacheOptions(threshold=10, start_percent=0, max_consecutive_skips=100))
+    for p in (0.0, 0.1, 0.2, 0.3):
+        cache.step(torch.full((1, 2), p), p, lambda p=p: torch.full((1, 2), 2 * p), key="cond")
+        if p >= 0.2:  # the uncond joins late: nothing of its own to reuse, so it computes
+            cache.step(torch.full((1, 2), p), p, lambda p=p: torch.full((1, 2), 3 * p), key="uncond")
+    patterns = cache.report().patterns
+    assert patterns["cond"] == "CCss" and patterns["uncond"] == "Cs"
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("threshold", -1, "threshold=-1"), ("threshold", float("nan"), "threshold=nan"), ("threshold", "0.2", "use a number"),
+    ("method", "magic", "use one of reuse"), ("max_consecutive_skips", 10 ** 9, "max_consecutive_skips"),
+    ("start_percent", 0.97, "start_percent=0.97"), ("max_consecutive_skips", True, "whole number"),
+])
+def test_bad_options_are_refused_by_name(field, value, words):
+    with pytest.raises(StepCacheError, match=words.replace("(", r"\(")):
+        StepCacheOptions.from_mapping({field: value})
+
+
+def test_unknown_keys_and_a_non_mapping_are_refused():
+    with pytest.raises(StepCacheError, match="unknown key.*skip_everything"):
+        StepCacheOptions.from_mapping({"skip_everything": True})
+    with pytest.raises(StepCacheError, match="use a mapping"):
+        StepCacheOptions.from_mapping(["threshold", 1])
+
+
+def test_a_tuple_answering_model_gets_tuples_on_skipped_steps_too():
+    class TupleModel(Settling):
+        def forward(self, x, t, *rest):
+            return (super().forward(x, t),)
+
+    cached = step_cached(TupleModel(), {"threshold": 1, "start_percent": 0})
+    x = torch.randn(1, 4, 8, 8)
+    outs = [cached(x + i * 1e-3, torch.tensor([999.0 - 100 * i])) for i in range(6)]
+    assert all(isinstance(o, tuple) and len(o) == 1 for o in outs) and cached.report().skipped > 0
+
+
+def test_the_python_api_is_exported():
+    assert kiln.step_cached is step_cached and kiln.StepCacheOptions is StepCacheOptions
