@@ -38,6 +38,15 @@ STEP_CACHE_METHODS = {
              "times the output/input change rate last measured (EasyCache's rule)",
 }
 DEFAULT_STEP_CACHE_METHOD = "reuse"
+# the step cache's settings and their defaults, chosen on a trained tiny denoiser (docs/step-cache.md):
+# setting -> (default, what it means)
+STEP_CACHE_SETTINGS = {
+    "threshold": (0.05, "estimated relative change of the model's output that a run of skipped steps may add up to; "
+                        "0 never skips, higher skips more (and drifts further from the uncached image)"),
+    "start_percent": (0.15, "steps before this share of the sampling run always compute"),
+    "end_percent": (0.95, "steps from this share of the sampling run on always compute"),
+    "max_consecutive_skips": (2, "after this many skipped steps in a row, the next one computes"),
+}
 
 
 def tooltip(choices: dict[str, str]) -> str:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable, Mapping, Optional
 
 import torch
 
-from ..choices import DEFAULT_STEP_CACHE_METHOD, STEP_CACHE_METHODS
+from ..choices import DEFAULT_STEP_CACHE_METHOD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS
 from .option_text import check_keys, shorten
 
 MAX_KEYS = 64  # conds kept per run: each holds a latent-sized change; a workflow cannot ask for more
@@ -39,12 +39,11 @@ class StepCacheError(ValueError):
 @dataclass(frozen=True)
 class StepCacheOptions:
     method: str = DEFAULT_STEP_CACHE_METHOD
-    # defaults chosen on the trained tiny denoiser (`kiln bench --step-cache`, docs/step-cache.md):
-    # at 20 and 30 steps the fewest model evaluations that keep every image >= 30 dB of its uncached twin
-    threshold: float = 0.05           # estimated relative output change a run of skips may add up to
-    start_percent: float = 0.15       # steps before this share of the run always compute
-    end_percent: float = 0.95         # steps from this share on always compute
-    max_consecutive_skips: int = 2
+    # what each means and why its default: choices.STEP_CACHE_SETTINGS (the node's widgets read it too)
+    threshold: float = STEP_CACHE_SETTINGS["threshold"][0]
+    start_percent: float = STEP_CACHE_SETTINGS["start_percent"][0]
+    end_percent: float = STEP_CACHE_SETTINGS["end_percent"][0]
+    max_consecutive_skips: int = STEP_CACHE_SETTINGS["max_consecutive_skips"][0]
 
     def __post_init__(self):
         if self.method not in STEP_CACHE_METHODS:
@@ -106,6 +105,7 @@ class _KeyState:
     x_computed: Optional[torch.Tensor] = None   # the input of the last computed step
     rate: Optional[float] = None                # output change / input change between the last two computed steps
     pattern: list = field(default_factory=list)
+    label: str = ""                             # what the report calls this key
 
 
 def _mean_abs(t: torch.Tensor) -> float:
@@ -134,12 +134,13 @@ class StepCache:
 
     def report(self) -> StepCacheReport:
         return StepCacheReport(threshold=self.options.threshold, estimate_used=self._estimate_used,
-                               patterns={str(key): "".join(s.pattern) for key, s in self._states.items()})
+                               patterns={s.label or str(key): "".join(s.pattern) for key, s in self._states.items()})
 
     def step(self, x: torch.Tensor, progress: float, compute: Callable[[], torch.Tensor],
-             key: Hashable = "all") -> torch.Tensor:
+             key: Hashable = "all", label: str = "") -> torch.Tensor:
         """The model's output for input `x` at `progress` (0 at the run's first step, 1 at its end):
-        `compute()`'s, or `x` plus the change kept from the last computed step."""
+        `compute()`'s, or `x` plus the change kept from the last computed step. `key` tells conds
+        apart; `label` is what the report calls it (default: the key)."""
         if not isinstance(progress, (int, float)) or not math.isfinite(progress):
             raise StepCacheError(f"step cache: progress={shorten(progress)} must be a finite number")
         if self._progress is not None and progress < self._progress:
@@ -150,9 +151,9 @@ class StepCache:
         if state is None:
             if len(self._states) >= MAX_KEYS:
                 raise StepCacheError(f"step cache: more than {MAX_KEYS} conds in one sampling run")
-            state = self._states[key] = _KeyState()
+            state = self._states[key] = _KeyState(label=label)
         elif state.x_last is not None and (state.x_last.shape, state.x_last.dtype) != (x.shape, x.dtype):
-            state = self._states[key] = _KeyState(pattern=state.pattern)  # a new size: nothing kept applies
+            state = self._states[key] = _KeyState(pattern=state.pattern, label=label)  # a new size: nothing kept applies
         if self._skip_step is None:  # the first key of this step decides for every key
             self._skip_step = self._decide(state, x, progress)
         usable = state.change is not None and state.change.shape == x.shape

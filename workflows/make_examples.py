@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from kiln import __version__
+from kiln.choices import DEFAULT_STEP_CACHE_METHOD, STEP_CACHE_SETTINGS
 from kiln.client.workflow import extra_widget_values, input_specs, is_widget, spec_options, spec_type
 
 HERE = Path(__file__).parent
@@ -38,7 +39,7 @@ FAMILIES = {
                  controlnet="flux-canny-controlnet-v3.safetensors", second_size=(832, 1216),
                  quant="fp8_e4m3", lora="flux_lora.safetensors"),
 }
-VARIANTS = ("compile", "quantize", "cache", "all", "lora", "controlnet", "img2img")
+VARIANTS = ("compile", "quantize", "cache", "all", "lora", "controlnet", "img2img", "step_cache")
 FAMILY_NAMES = {"sd15": "SD1.5", "sdxl": "SDXL", "flux": "Flux dev"}
 
 FIRST_RUN = ("First run: the first sampling step compiles (the progress bar shows it, and Compile UNet shows each "
@@ -59,6 +60,10 @@ NOTES = {
             "the LoRA or its strength does not recompile.",
     "controlnet": "Kiln › Compile ControlNet compiles the ControlNet's network; changing its strength (0 included) "
                   "or the hint image does not recompile. Put your control image in LoadImage.",
+    "step_cache": "Kiln › Step Cache skips the sampling steps whose model output would change little (late in "
+                  "sampling), reusing the last computed step's; after each run it shows how many model calls it "
+                  "computed and skipped. threshold 0 never skips; higher skips more and drifts further from the "
+                  "uncached image. A new threshold does not recompile.",
     "img2img": "img2img at a second resolution: the image is scaled to {second}, encoded by the compiled VAE "
                "(Kiln › Compile VAE, decode and encode) and denoised at 0.6. The UNet graph compiled for txt2img "
                "serves this size too (dynamic resolution).",
@@ -88,8 +93,12 @@ def kiln_unet(g: Graph, model: list, family: str, variant: str) -> list:
                           policy="", calibration_steps=0, error_threshold=0.05))
     if variant in ("cache", "all"):
         model = out(g.add("KilnCacheGraph", "Kiln › Cache Graph", model=model, cache="use", cache_dir="", max_gb=20.0))
-    return out(g.add("KilnCompileUNet", "Kiln › Compile UNet", model=model, mode="balanced", dynamic="auto",
-                     cuda_graphs=False, pin_shapes="", advanced=""))
+    model = out(g.add("KilnCompileUNet", "Kiln › Compile UNet", model=model, mode="balanced", dynamic="auto",
+                      cuda_graphs=False, pin_shapes="", advanced=""))
+    if variant == "step_cache":
+        model = out(g.add("KilnStepCache", "Kiln › Step Cache", model=model, method=DEFAULT_STEP_CACHE_METHOD,
+                          **{name: default for name, (default, _) in STEP_CACHE_SETTINGS.items()}))
+    return model
 
 
 def build(family: str, variant: str) -> dict:

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import textwrap
 
-ALL_NODES = "NODES ['KilnCacheGraph', 'KilnCompileControlNet', 'KilnCompileUNet', 'KilnCompileVAE', 'KilnLoadQuantizedModel', 'KilnQuantizeModel', 'KilnSaveQuantizedModel']"
+ALL_NODES = "NODES ['KilnCacheGraph', 'KilnCompileControlNet', 'KilnCompileUNet', 'KilnCompileVAE', 'KilnLoadQuantizedModel', 'KilnQuantizeModel', 'KilnSaveQuantizedModel', 'KilnStepCache']"
 
 HEADER = """
 import logging, sys

@@ -1,0 +1,118 @@
+"""Kiln › Step Cache on ComfyUI's SD1.5 classes (tiny, random weights: the skip decisions mean nothing for
+quality here, `kiln bench --step-cache` measures that on a trained model; what is checked is how the node
+rides on ComfyUI's sampling): threshold 0 gives the uncached image bit for bit, skips follow the settings
+and are reported after each run, a new prompt at another size and step count starts fresh, CFG's cond and
+uncond share the decision, denoise < 1 works, a bad setting is refused by name, and with Kiln › Compile
+UNet the compiled graphs are the same and new settings never recompile.
+Runs when COMFYUI_PATH points at a ComfyUI tree; skips otherwise."""
+import logging
+import os
+import re
+
+import pytest
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
+if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
+    pytest.skip("COMFYUI_PATH is not set to a ComfyUI tree", allow_module_level=True)
+pytest.importorskip("comfy.model_management")  # conftest.py put COMFYUI_PATH on the path and set ComfyUI's args
+
+import comfy.sample  # noqa: E402
+import torch  # noqa: E402
+
+from kiln.compiler import StepCacheError  # noqa: E402
+from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
+from kiln.nodes.step_cache import KilnStepCache  # noqa: E402
+from comfy_testing import kiln_stats, make_tiny_sd15_patcher, sample  # noqa: E402
+
+STEPS = 10
+
+
+@pytest.fixture(autouse=True)
+def inference_mode():
+    with torch.inference_mode():  # as ComfyUI runs every node
+        yield
+
+
+@pytest.fixture(scope="module")
+def base():
+    with torch.inference_mode():
+        return make_tiny_sd15_patcher(seed=0)
+
+
+def step_cache(model, **settings):
+    return KilnStepCache().apply(model, **settings)
+
+
+def patterns(records) -> list[str]:
+    """Each run's pattern (one key: ComfyUI batches cond and uncond into one call)."""
+    found = []
+    for r in records:
+        m = re.search(r"Kiln: step cache: .*; [^:]+: ([Cs]+)$", r.getMessage())
+        if m:
+            found.append(m.group(1))
+    return found
+
+
+def test_threshold_zero_gives_the_uncached_image_bit_for_bit(base, caplog):
+    model, report = step_cache(base, threshold=0.0)
+    assert "threshold 0" in report
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        got = sample(model, steps=STEPS)
+    assert torch.equal(got, sample(base, steps=STEPS))
+    assert patterns(caplog.records) == ["C" * STEPS]
+
+
+def test_skips_follow_the_settings_and_each_run_starts_fresh(base, caplog):
+    model, _ = step_cache(base, threshold=10.0, start_percent=0.2, end_percent=0.8, max_consecutive_skips=2)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        first = sample(model, steps=STEPS)
+        second = sample(model, steps=6, size=24, width=16, seed=4)   # another size and step count
+    runs = patterns(caplog.records)
+    assert [len(p) for p in runs] == [STEPS, 6], runs
+    assert "s" in runs[0] and "sss" not in runs[0] and runs[0][:2] == "CC" and runs[0][-2:] == "CC", runs
+    assert first.shape == (1, 4, 16, 16) and second.shape == (1, 4, 24, 16)
+    assert torch.isfinite(first).all() and torch.isfinite(second).all()
+
+
+def test_denoise_below_one_runs_through_the_cache(base, caplog):
+    model, _ = step_cache(base, threshold=10.0, start_percent=0.0)
+    torch.manual_seed(0)
+    latent, noise = torch.randn(1, 4, 16, 16), torch.randn(1, 4, 16, 16)
+    context = base.model.model_config.unet_config["context_dim"]
+    pos, neg = [[torch.randn(1, 7, context), {}]], [[torch.randn(1, 7, context), {}]]
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        out = comfy.sample.sample(model, noise, STEPS, 7.0, "euler", "normal", pos, neg, latent, denoise=0.6,
+                                  disable_pbar=True, seed=1)
+    (run,) = patterns(caplog.records)
+    assert torch.isfinite(out).all() and "s" in run
+
+
+@pytest.mark.parametrize("setting, value, words", [("threshold", -0.5, "step_cache.threshold=-0.5"),
+                                                   ("method", "magic", "step_cache.method='magic'"),
+                                                   ("max_consecutive_skips", 1.5, "max_consecutive_skips=1.5")])
+def test_a_bad_setting_is_refused_by_name(base, setting, value, words):
+    with pytest.raises(StepCacheError, match=re.escape(words)):
+        step_cache(base, **{setting: value})
+
+
+@pytest.mark.parametrize("order", ["step cache, then Kiln", "Kiln, then step cache"])
+def test_with_kiln_compile_the_image_is_the_eager_one_and_new_settings_never_recompile(base, order, caplog):
+    def chain(model, threshold):
+        if order.startswith("step"):
+            return KilnCompileUNet().compile(step_cache(model, threshold=threshold)[0], mode="fast")[0]
+        return step_cache(KilnCompileUNet().compile(model, mode="fast")[0], threshold=threshold)[0]
+
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        want = sample(step_cache(base, threshold=10.0)[0], steps=STEPS)
+        eager_runs = patterns(caplog.records)
+        caplog.clear()
+        model = chain(base, 10.0)
+        got = sample(model, steps=STEPS)
+        compiles = kiln_stats(model).compile_count
+        again = chain(base, 0.3)  # a new threshold: the same compiled graphs
+        sample(again, steps=STEPS - 2, seed=5)
+        kiln_runs = patterns(caplog.records)
+    assert kiln_runs[0] == eager_runs[0] and "s" in kiln_runs[0]
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    stats = kiln_stats(again)
+    assert compiles > 0 and stats.compile_count == compiles and not stats.recompiles, stats.summary()
