@@ -17,12 +17,13 @@ if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
 pytest.importorskip("comfy.model_management")  # conftest.py put COMFYUI_PATH on the path and set ComfyUI's args
 
 import comfy.sample  # noqa: E402
+import nodes  # noqa: E402
 import torch  # noqa: E402
 
 from kiln.compiler import StepCacheError  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.step_cache import KilnStepCache  # noqa: E402
-from comfy_testing import kiln_stats, make_tiny_sd15_patcher, sample  # noqa: E402
+from comfy_testing import kiln_stats, lora_like_patches, make_tiny_controlnet, make_tiny_sd15_patcher, sample  # noqa: E402
 
 STEPS = 10
 
@@ -116,3 +117,49 @@ def test_with_kiln_compile_the_image_is_the_eager_one_and_new_settings_never_rec
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
     stats = kiln_stats(again)
     assert compiles > 0 and stats.compile_count == compiles and not stats.recompiles, stats.summary()
+
+
+def with_lora(model):
+    patched = model.clone()
+    patched.add_patches(lora_like_patches(patched, scale=1.0), 1.0)
+    return patched
+
+
+def test_a_lora_after_the_node_changes_the_image_as_one_before_it(base, caplog):
+    """Wherever the LoRA sits, the step cache sees the patched model: the same image, the same skips."""
+    settings = dict(threshold=10.0, start_percent=0.2)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        after = sample(with_lora(step_cache(base, **settings)[0]), steps=STEPS)
+        before = sample(step_cache(with_lora(base), **settings)[0], steps=STEPS)
+        plain = sample(step_cache(base, **settings)[0], steps=STEPS)
+    runs = patterns(caplog.records)
+    assert runs[0] == runs[1] and "s" in runs[0]
+    assert torch.equal(after, before)
+    # (random weights: the attention projections move this tiny model's image by about 1% of its range)
+    assert (after - plain).abs().max() > 0.01 * plain.abs().max(), "the LoRA changed nothing: the case tests nothing"
+
+
+def test_a_controlnets_effect_survives_the_skipped_steps(base, caplog):
+    """A ControlNet's residuals enter the model through the conds: a skipped step reuses a change made with
+    them, and the image stays the controlled one, not the uncontrolled."""
+    control_net, hint = make_tiny_controlnet(), torch.rand(1, 128, 128, 3)
+    context = base.model.model_config.unet_config["context_dim"]
+
+    def run(model, strength):
+        torch.manual_seed(3)
+        pos, neg = [[torch.randn(1, 7, context), {}]], [[torch.randn(1, 7, context), {}]]
+        pos, neg = nodes.ControlNetApplyAdvanced().apply_controlnet(pos, neg, control_net, hint, strength, 0.0, 1.0)
+        noise = torch.randn(1, 4, 16, 16)
+        return comfy.sample.sample(model, noise, STEPS, 7.0, "euler", "normal", pos, neg, torch.zeros(1, 4, 16, 16),
+                                   disable_pbar=True, seed=3)
+
+    cached, _ = step_cache(base, threshold=10.0, start_percent=0.2)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        controlled, uncontrolled = run(cached, 1.0), run(cached, 0.0)
+    assert all("s" in p for p in patterns(caplog.records))
+    exact_controlled, exact_uncontrolled = run(base, 1.0), run(base, 0.0)
+    effect = (exact_controlled - exact_uncontrolled).abs().mean()
+    assert effect > 0, "the ControlNet changed nothing: the case tests nothing"
+    # the cached image keeps the ControlNet's effect: nearer the controlled image than the uncontrolled one
+    assert (controlled - exact_controlled).abs().mean() < (controlled - exact_uncontrolled).abs().mean()
+    assert (controlled - uncontrolled).abs().mean() > 0.5 * effect
