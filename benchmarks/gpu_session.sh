@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Kiln's GPU suite, one part at a time (each part takes well under 10 minutes on a recent GPU).
+# Kiln's GPU suite, one part at a time (each but `tests` takes under 10 minutes on a recent GPU; name its files to split it).
 # Run it from the repository root on a CUDA machine (see benchmarks/README.md):
 #
 #   bash benchmarks/gpu_session.sh tests [PATH...]       # GPU-only tests + kernel tests on CUDA, a pytest per file
@@ -16,6 +16,11 @@ case "$part ${2:-}" in
     tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache ") ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
+if [ "$part" = tests ]; then  # only test files and folders of this checkout
+    for path in "${@:2}"; do
+        case "$path" in tests/*) [ -e "$path" ] || { echo "$usage" >&2; exit 2; } ;; *) echo "$usage" >&2; exit 2 ;; esac
+    done
+fi
 out="${OUT:-benchmarks/results/gpu-$(date +%F)}"
 mkdir -p "$out"
 

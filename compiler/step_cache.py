@@ -10,8 +10,8 @@ run) and the last (`end_percent` on) always compute, and so does any step after
 `max_consecutive_skips` skips.
 
 State belongs to one sampling run (`StepCache.reset()`, or a new run detected: progress going
-back, a new input shape), never to the model: a new resolution, batch, step count or sampler starts
-fresh. Within a run it is kept per key (ComfyUI's conds, which a sampler may evaluate in separate
+back), never to the model: a new resolution, batch, step count or sampler starts fresh, and a key
+whose input changes shape within a run starts afresh. Within a run it is kept per key (ComfyUI's conds, which a sampler may evaluate in separate
 calls): the first key seen at a step decides for the step, and every key follows that decision
 when it has a change of its own to reuse. The decision is made outside the model, so compiled
 graphs never see it: changing the threshold or the step count recompiles nothing.
@@ -133,8 +133,13 @@ class StepCache:
         self._estimate_used = 0.0
 
     def report(self) -> StepCacheReport:
-        return StepCacheReport(threshold=self.options.threshold, estimate_used=self._estimate_used,
-                               patterns={s.label or str(key): "".join(s.pattern) for key, s in self._states.items()})
+        patterns: dict[str, str] = {}
+        for key, state in self._states.items():
+            name = state.label or str(key)
+            if name in patterns:  # two keys the caller calls alike (two positive conds): both shown
+                name = f"{name} #{sum(1 for n in patterns if n.split(' #')[0] == name) + 1}"
+            patterns[name] = "".join(state.pattern)
+        return StepCacheReport(threshold=self.options.threshold, estimate_used=self._estimate_used, patterns=patterns)
 
     def step(self, x: torch.Tensor, progress: float, compute: Callable[[], torch.Tensor],
              key: Hashable = "all", label: str = "") -> torch.Tensor:

@@ -114,3 +114,10 @@ def test_a_tuple_answering_model_gets_tuples_on_skipped_steps_too():
 
 def test_the_python_api_is_exported():
     assert kiln.step_cached is step_cached and kiln.StepCacheOptions is StepCacheOptions
+
+
+def test_keys_called_alike_are_reported_apart():
+    cache = StepCache(StepCacheOptions(threshold=0))
+    for key in ("uuid-1", "uuid-2"):
+        cache.step(torch.ones(1, 2), 0.0, lambda: torch.ones(1, 2), key=key, label="cond")
+    assert cache.report().patterns == {"cond": "C", "cond #2": "C"}
