@@ -163,3 +163,34 @@ def test_a_controlnets_effect_survives_the_skipped_steps(base, caplog):
     # the cached image keeps the ControlNet's effect: nearer the controlled image than the uncontrolled one
     assert (controlled - exact_controlled).abs().mean() < (controlled - exact_uncontrolled).abs().mean()
     assert (controlled - uncontrolled).abs().mean() > 0.5 * effect
+
+
+def test_a_flow_model_runs_through_the_cache_too(caplog):
+    """Flux's sampling (CONST: the input as is, sigmas in [0, 1], guidance-distilled: one cond, no CFG),
+    ComfyUI's own Flux classes scaled down: threshold 0 is the uncached image, skips keep it finite."""
+    import comfy.model_base
+    import comfy.model_patcher
+    import comfy.supported_models
+
+    tiny = dict(image_model="flux", in_channels=4, out_channels=4, vec_in_dim=16, context_in_dim=32, hidden_size=32,
+                mlp_ratio=2.0, num_heads=2, depth=1, depth_single_blocks=2, axes_dim=[4, 6, 6], theta=10000,
+                patch_size=2, qkv_bias=True, guidance_embed=False, txt_ids_dims=[])
+    torch.manual_seed(0)
+    model = comfy.model_base.Flux(comfy.supported_models.Flux(tiny), device=torch.device("cpu"))
+    for p in model.parameters():  # random weights at a sane scale
+        p.data.normal_(0, 0.05)
+    flux = comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+    noise, latent = torch.randn(1, 4, 16, 16), torch.zeros(1, 4, 16, 16)
+    pos = [[torch.randn(1, 7, 32), {"pooled_output": torch.randn(1, 16)}]]
+
+    def run(m):
+        return comfy.sample.sample(m, noise, STEPS, 1.0, "euler", "simple", pos, pos, latent, disable_pbar=True, seed=1)
+
+    reference = run(flux)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        exact = run(step_cache(flux, threshold=0.0)[0])
+        cached = run(step_cache(flux, threshold=10.0, start_percent=0.2)[0])
+    assert torch.equal(exact, reference)
+    runs = patterns(caplog.records)
+    assert runs[0] == "C" * STEPS and "s" in runs[1] and len(runs[1]) == STEPS, runs
+    assert torch.isfinite(cached).all()
