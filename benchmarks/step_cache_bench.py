@@ -33,7 +33,9 @@ def run_step_cache_bench(seeds: int = 8, step_counts=STEP_COUNTS, thresholds=THR
     from .. import compiler as kiln
     from ..testing import digits_unet
 
-    model = digits_unet.load_or_train()
+    if not digits_unet.cache_path().exists():
+        log(f"training the digits denoiser once into {digits_unet.cache_path()} (about 4 minutes on 2 cores)")
+    model = digits_unet.load_or_train(progress=lambda step, loss: log(f"  training: step {step}, loss {loss:.4f}"))
     compiled_unet = kiln.compile(model.unet, mode=mode)
     compiled = digits_unet.DigitsDenoiser()
     compiled.load_state_dict(model.state_dict())

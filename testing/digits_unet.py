@@ -114,15 +114,18 @@ def _train_steps(model, opt, sched, alphas, latents, classes, steps, batch, prog
     return ema
 
 
-def load_or_train(cache_dir: Optional[Path] = None) -> DigitsDenoiser:
-    """The trained model from the cache, trained and stored there first if missing."""
+def load_or_train(cache_dir: Optional[Path] = None, progress: Optional[Callable[[int, float], None]] = None
+                  ) -> DigitsDenoiser:
+    """The trained model from the cache, trained and stored there first if missing; `progress(step, loss)`
+    every 100 steps of that (default: a log line)."""
     path = cache_path(cache_dir)
     model = DigitsDenoiser()
     if path.exists():
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         return model.eval().requires_grad_(False)
     log.info("Kiln: training the tiny digits denoiser once (a few CPU minutes) into %s", path)
-    model, report = train(progress=lambda step, loss: log.info("Kiln: digits denoiser step %d, loss %.4f", step, loss))
+    model, report = train(progress=progress or (lambda step, loss: log.info("Kiln: digits denoiser step %d, loss %.4f",
+                                                                            step, loss)))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two processes training at once each write their own
     torch.save(model.state_dict(), tmp)
@@ -155,9 +158,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Train the tiny digits denoiser into Kiln's cache (once).")
     parser.add_argument("--cache-dir", type=Path, default=None)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = cache_path(args.cache_dir)
-    load_or_train(args.cache_dir)
+    load_or_train(args.cache_dir, progress=lambda step, loss: print(f"step {step}, loss {loss:.4f}", flush=True))
     print(f"{path}: ready")
     return 0
 
