@@ -194,3 +194,20 @@ def test_a_flow_model_runs_through_the_cache_too(caplog):
     runs = patterns(caplog.records)
     assert runs[0] == "C" * STEPS and "s" in runs[1] and len(runs[1]) == STEPS, runs
     assert torch.isfinite(cached).all()
+
+
+def test_it_composes_with_quantize_model_and_cache_graph(base, caplog, tmp_path):
+    """Quantize Model -> Cache Graph -> Compile UNet -> Step Cache: the plan's model, skipping as eagerly quantized."""
+    from kiln.nodes.cache_graph import KilnCacheGraph
+    from kiln.nodes.quantize_model import KilnQuantizeModel
+
+    quantized = KilnQuantizeModel().quantize(base, "int8_weight", policy="min_params: 0")[0]
+    cached_graphs = KilnCacheGraph().cache(quantized, cache="off")[0]
+    chain = step_cache(KilnCompileUNet().compile(cached_graphs, mode="fast")[0], threshold=10.0)[0]
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        want = sample(step_cache(quantized, threshold=10.0)[0], steps=STEPS)
+        got = sample(chain, steps=STEPS)
+    runs = patterns(caplog.records)
+    assert runs[0] == runs[1] and "s" in runs[1], runs
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    assert kiln_stats(chain).compile_count > 0
