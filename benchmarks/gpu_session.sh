@@ -18,7 +18,8 @@ case "$part ${2:-}" in
 esac
 if [ "$part" = tests ]; then  # only test files and folders of this checkout
     for path in "${@:2}"; do
-        case "$path" in tests/*) [ -e "$path" ] || { echo "$usage" >&2; exit 2; } ;; *) echo "$usage" >&2; exit 2 ;; esac
+        case "$path" in *..*) echo "$usage" >&2; exit 2 ;; tests/*) [ -e "$path" ] || { echo "$usage" >&2; exit 2; } ;;
+            *) echo "$usage" >&2; exit 2 ;; esac
     done
 fi
 out="${OUT:-benchmarks/results/gpu-$(date +%F)}"

@@ -17,15 +17,10 @@ import time
 
 import torch
 
+from ..testing.image_quality import psnr
+
 THRESHOLDS = (0.03, 0.05, 0.08)  # around the default, 0.05
 STEP_COUNTS = (20, 30)
-
-
-def psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Against the reference's own range (peak-to-peak): infinite when equal."""
-    mse = (out.float() - ref.float()).pow(2).mean().item()
-    peak = (ref.max() - ref.min()).item()
-    return math.inf if mse == 0 else 10 * math.log10(peak ** 2 / mse)
 
 
 def run_step_cache_bench(seeds: int = 8, step_counts=STEP_COUNTS, thresholds=THRESHOLDS, mode: str = "balanced",
@@ -36,11 +31,8 @@ def run_step_cache_bench(seeds: int = 8, step_counts=STEP_COUNTS, thresholds=THR
     if not digits_unet.cache_path().exists():
         log(f"training the digits denoiser once into {digits_unet.cache_path()} (about 4 minutes on 2 cores)")
     model = digits_unet.load_or_train(progress=lambda step, loss: log(f"  training: step {step}, loss {loss:.4f}"))
-    compiled_unet = kiln.compile(model.unet, mode=mode)
-    compiled = digits_unet.DigitsDenoiser()
-    compiled.load_state_dict(model.state_dict())
-    compiled.unet = compiled_unet
-    models = {"eager": model, f"kiln {mode}": compiled.eval()}
+    compiled = digits_unet.DigitsDenoiser(kiln.compile(model.unet, mode=mode), model.embed)
+    models = {"eager": model, f"kiln {mode}": compiled}
     rows = []
     with torch.inference_mode():
         t0 = time.perf_counter()

@@ -78,7 +78,7 @@ def run(seeds: int = 8, log=print) -> dict:
 
     from ..nodes.step_cache import KilnStepCache
     from ..testing import digits_unet
-    from .step_cache_bench import psnr
+    from ..testing.image_quality import psnr
 
     try:
         from comfy_extras.nodes_easycache import EasyCacheNode

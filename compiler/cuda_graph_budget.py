@@ -44,7 +44,8 @@ class CudaGraphBudget:
         self.limit = limit
         self.shapes: list = []        # the model input shapes admitted, in order
         self._outside: list = []      # VariantRecords admitted outside a model call, each a place
-        self._refused: list = []      # shapes and records told so in the log
+        self._refused_shapes: set = set()  # input shapes the log has said run without CUDA graphs
+        self._refused_records: list = []   # graphs run outside a model call, likewise
         self._call_shape: Optional[Hashable] = None
         self._current = None
         self._asked = False
@@ -82,9 +83,12 @@ class CudaGraphBudget:
             return self._admit(record, shape)
         if record.cuda_graph != RECORDED:  # a recording made for an admitted shape keeps its label
             record.cuda_graph = OVER_BOUND
-        refused = shape if shape is not None else record
-        if not any(refused is r or shape is not None and refused == r for r in self._refused):
-            self._refused.append(refused)
+        said = shape in self._refused_shapes if shape is not None else any(record is r for r in self._refused_records)
+        if not said:
+            if shape is not None:
+                self._refused_shapes.add(shape)
+            else:
+                self._refused_records.append(record)
             what = f"input shape {_shape_text(shape)}" if shape is not None else record.signature
             log.warning("Kiln: %s runs without CUDA graphs: this model already records %d "
                         "(shapes.max_cuda_graphs; raise it to record more)", what, self.limit)

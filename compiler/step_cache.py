@@ -11,8 +11,8 @@ run) and the last (`end_percent` on) always compute, and so does any step after
 
 State belongs to one sampling run (`StepCache.reset()`, or a new run detected: progress going
 back), never to the model: a new resolution, batch, step count or sampler starts fresh, and a key
-whose input changes shape within a run starts afresh. Within a run it is kept per key (ComfyUI's conds, which a sampler may evaluate in separate
-calls): the first key seen at a step decides for the step, and every key follows that decision
+whose input changes shape within a run starts afresh. Within a run it is kept per key (ComfyUI's
+conds, which a sampler may evaluate in separate calls): the first key seen at a step decides for the step, and every key follows that decision
 when it has a change of its own to reuse. The decision is made outside the model, so compiled
 graphs never see it: changing the threshold or the step count recompiles nothing.
 
@@ -29,7 +29,7 @@ import torch
 from ..choices import DEFAULT_STEP_CACHE_METHOD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS
 from .option_text import check_keys, shorten
 
-MAX_KEYS = 64  # conds kept per run: each holds a latent-sized change; a workflow cannot ask for more
+MAX_KEYS = 64  # conds kept per run, each holding three latent-sized tensors: a workflow cannot ask for more
 
 
 class StepCacheError(ValueError):
@@ -100,9 +100,8 @@ class StepCacheReport:
 @dataclass
 class _KeyState:
     x_last: Optional[torch.Tensor] = None       # the input of the step before
-    change: Optional[torch.Tensor] = None       # output - input of the last computed step
     out_last: Optional[torch.Tensor] = None     # the output of the last computed step
-    x_computed: Optional[torch.Tensor] = None   # the input of the last computed step
+    x_computed: Optional[torch.Tensor] = None   # its input: a skip reuses out_last - x_computed
     rate: Optional[float] = None                # output change / input change between the last two computed steps
     pattern: list = field(default_factory=list)
     label: str = ""                             # what the report calls this key
@@ -117,15 +116,13 @@ class StepCache:
 
     def __init__(self, options: Optional[StepCacheOptions] = None):
         self.options = options or StepCacheOptions()
+        self._states: dict[Hashable, _KeyState] = {}
         self.reset()
 
     def reset(self) -> None:
         """A new sampling run: nothing is kept from the last one (its report stays in `last_report`)."""
-        if getattr(self, "_states", None):
-            self.last_report = self.report()
-        else:
-            self.last_report = None
-        self._states: dict[Hashable, _KeyState] = {}
+        self.last_report = self.report() if self._states else None
+        self._states = {}
         self._progress: Optional[float] = None
         self._skip_step: Optional[bool] = None   # the decision of the step in progress (its first key's)
         self._added = 0.0                         # estimates added up since the last computed step
@@ -161,11 +158,10 @@ class StepCache:
             state = self._states[key] = _KeyState(pattern=state.pattern, label=label)  # a new size: nothing kept applies
         if self._skip_step is None:  # the first key of this step decides for every key
             self._skip_step = self._decide(state, x, progress)
-        usable = state.change is not None and state.change.shape == x.shape
-        if self._skip_step and usable:
+        if self._skip_step and state.out_last is not None:  # a key with nothing computed yet computes
             state.pattern.append("s")
             state.x_last = x
-            return x + state.change.to(x.dtype)
+            return x + (state.out_last - state.x_computed).to(x.dtype)
         out = compute()
         self._learn(state, x, out)
         state.pattern.append("C")
@@ -176,8 +172,7 @@ class StepCache:
         options = self.options
         skip = False
         if (options.threshold > 0 and options.start_percent <= progress < options.end_percent
-                and self._skips < options.max_consecutive_skips and state.rate is not None
-                and state.x_last is not None and state.x_last.shape == x.shape and state.out_last is not None):
+                and self._skips < options.max_consecutive_skips and state.rate is not None):
             size = _mean_abs(state.out_last)
             estimate = state.rate * _mean_abs(x - state.x_last) / size if size > 0 else math.inf
             if self._added + estimate < options.threshold:
@@ -192,8 +187,7 @@ class StepCache:
 
     def _learn(self, state: _KeyState, x: torch.Tensor, out: torch.Tensor) -> None:
         """After a computed step: the change to reuse, and the output/input change rate."""
-        if state.out_last is not None and state.x_computed is not None and state.out_last.shape == out.shape:
+        if state.out_last is not None:
             moved = _mean_abs(x - state.x_computed)
             state.rate = _mean_abs(out - state.out_last) / moved if moved > 0 else None
-        state.change = (out - x).detach()
         state.out_last, state.x_computed, state.x_last = out.detach(), x.detach(), x.detach()

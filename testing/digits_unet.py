@@ -53,12 +53,15 @@ def digit_latents() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class DigitsDenoiser(torch.nn.Module):
-    """The UNet and its class embeddings: `forward(x, t, classes)`; classes NULL_CLASS for uncond."""
+    """The UNet and its class embeddings: `forward(x, t, classes)`; classes NULL_CLASS for uncond.
+    `DigitsDenoiser(kiln.compile(trained.unet), trained.embed)` is the trained one, compiled."""
 
-    def __init__(self):
+    def __init__(self, unet: Optional[torch.nn.Module] = None, embed: Optional[torch.nn.Embedding] = None):
         super().__init__()
-        self.unet = MODELS["sd15"].build("tiny", dtype=torch.float32, device="cpu").requires_grad_(True)
-        self.embed = torch.nn.Embedding(NULL_CLASS + 1, self.unet.config.cross_attention_dim)
+        self.unet = unet if unet is not None else MODELS["sd15"].build("tiny").requires_grad_(True)
+        if embed is None:
+            embed = torch.nn.Embedding(NULL_CLASS + 1, self.unet.config.cross_attention_dim)
+        self.embed = embed
 
     def context(self, classes: torch.Tensor) -> torch.Tensor:
         return self.embed(classes)[:, None]

@@ -3,6 +3,8 @@ import os
 
 import torch
 
+from kiln.testing.image_quality import psnr  # noqa: F401  the tests' image comparison
+
 # Where the Triton kernel tests run: CPU tensors through Triton's interpreter (CI, the default set
 # in conftest.py), or CUDA with Triton compiling for real when run on a GPU with TRITON_INTERPRET=0.
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "0" else "cpu"
@@ -15,9 +17,3 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """Max absolute difference relative to the reference's max magnitude."""
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12)).item()
 
-
-def psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Peak signal-to-noise ratio in dB over the reference's range."""
-    mse = torch.mean((out.float() - ref.float()) ** 2).item()
-    peak = (ref.max() - ref.min()).item()
-    return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(peak ** 2 / mse)).item()

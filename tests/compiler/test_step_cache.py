@@ -121,3 +121,14 @@ def test_keys_called_alike_are_reported_apart():
     for key in ("uuid-1", "uuid-2"):
         cache.step(torch.ones(1, 2), 0.0, lambda: torch.ones(1, 2), key=key, label="cond")
     assert cache.report().patterns == {"cond": "C", "cond #2": "C"}
+
+
+def test_a_run_keeps_a_bounded_number_of_conds():
+    """Each cond holds latent-sized tensors; a workflow with endless conds gets an error, not the memory."""
+    from kiln.compiler.step_cache import MAX_KEYS
+
+    cache = StepCache(StepCacheOptions(threshold=0))
+    for key in range(MAX_KEYS):
+        cache.step(torch.ones(1, 2), 0.0, lambda: torch.ones(1, 2), key=key)
+    with pytest.raises(StepCacheError, match=f"more than {MAX_KEYS} conds"):
+        cache.step(torch.ones(1, 2), 0.0, lambda: torch.ones(1, 2), key="one more")

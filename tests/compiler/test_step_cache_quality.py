@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.benchmarks.step_cache_bench import psnr
+from kiln.testing.image_quality import psnr
 
 pytest.importorskip("sklearn")
 pytestmark = pytest.mark.slow
@@ -32,10 +32,7 @@ def test_the_default_skips_steps_and_keeps_every_image_within_30_db(model):
 
 
 def test_compiled_and_eager_decide_alike_and_new_settings_never_recompile(model):
-    compiled = digits_unet.DigitsDenoiser()
-    compiled.load_state_dict(model.state_dict())
-    compiled.unet = kiln.compile(compiled.unet, mode="fast")
-    compiled.eval()
+    compiled = digits_unet.DigitsDenoiser(kiln.compile(model.unet, mode="fast"), model.embed)
     runs = [({"threshold": 0.05}, 30, [1]), ({"threshold": 0.08, "max_consecutive_skips": 3}, 20, [2, 7]),
             ({"threshold": 0.0}, 12, [4])]
     counts = []
