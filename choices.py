@@ -36,13 +36,21 @@ STEP_CACHE_METHODS = {
     "reuse": "skip the whole model while its output is estimated to change less than the threshold, "
              "reusing the last computed step's change (output - input); the estimate is the input's change "
              "times the output/input change rate last measured (EasyCache's rule)",
+    "first_block": "run the model's first block; while its residual (output - input) differs from the one of the "
+                   "last computed step by less than the threshold (mean absolute change, relative), skip the rest "
+                   "of the model and reuse the last computed step's change (First Block Cache's rule)",
 }
 DEFAULT_STEP_CACHE_METHOD = "reuse"
-# the step cache's settings and their defaults, chosen on a trained tiny denoiser (docs/step-cache.md):
-# setting -> (default, what it means)
+# each method's default threshold: their measures differ (reuse adds up estimates of the output's change,
+# first_block compares the first block's residual); both chosen on a trained tiny denoiser (docs/step-cache.md)
+STEP_CACHE_THRESHOLDS = {"reuse": 0.05, "first_block": 0.15}
+METHOD_THRESHOLD = -1.0  # a threshold of -1 (the node's default): the method's own, above
+# the step cache's settings and their defaults: setting -> (default, what it means)
 STEP_CACHE_SETTINGS = {
-    "threshold": (0.05, "estimated relative change of the model's output that a run of skipped steps may add up to; "
-                        "0 never skips, higher skips more (and drifts further from the uncached image)"),
+    "threshold": (METHOD_THRESHOLD, "how much change a skip may stand for, in the method's measure; 0 never skips, "
+                                    "higher skips more (and drifts further from the uncached image); -1: the "
+                                    "method's default (" + ", ".join(f"{m} {t:g}" for m, t in STEP_CACHE_THRESHOLDS.items())
+                                    + ")"),
     "start_percent": (0.15, "steps before this share of the sampling run always compute"),
     "end_percent": (0.95, "steps from this share of the sampling run on always compute"),
     "max_consecutive_skips": (2, "after this many skipped steps in a row, the next one computes"),

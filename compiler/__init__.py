@@ -16,10 +16,11 @@ from .quantize import readers as quantized_file_readers
 from .quantize import save as save_quantized
 from .shape_policy import ShapePolicyError
 from .stats import GraphCompile, KilnStats
+from .first_block_probe import first_block_of, first_block_probed
 from .step_cache import StepCache, StepCacheError, StepCacheOptions, StepCacheReport
 from .step_cached_model import StepCachedModel, step_cached
 
-__all__ = ["compile", "stats", "StepCache", "StepCacheError", "StepCacheOptions", "StepCacheReport", "StepCachedModel",
+__all__ = ["compile", "stats", "first_block_of", "first_block_probed", "StepCache", "StepCacheError", "StepCacheOptions", "StepCacheReport", "StepCachedModel",
            "step_cached", "CompileOptions", "OptionsError", "ShapePolicyError", "KilnUnavailable", "KilnStats",
            "GraphCompile", "KilnModel", "MethodModule", "method_module", "label_of", "KilnPlan", "model_for", "unavailable_reason", "kernel_note",
            "build_options", "parse_expert_options", "MODES", "LOWERINGS", "Lowering", "PASS_NAMES",

@@ -303,13 +303,55 @@ def calls_routed(routes: Mapping[torch.nn.Module, Callable]):
     model and put back as it was after, so the module stays the same object (ComfyUI dispatches on
     its class) and behaves as before outside Kiln's call."""
     before = {module: module.__dict__.get("_compiled_call_impl") for module in routes}
+    observed = {module: call for module, call in before.items() if isinstance(call, ObservedCall)}
+    inner_before = {module: call.inner for module, call in observed.items()}
     try:
         for module, route in routes.items():
-            module._compiled_call_impl = route
+            if module in observed:  # observed (the step cache's probe): the route runs inside the observer
+                observed[module].inner = route
+            else:
+                module._compiled_call_impl = route
         yield
     finally:
         for module, previous in before.items():
-            module._compiled_call_impl = previous
+            if module in observed:
+                observed[module].inner = inner_before[module]
+            else:
+                module._compiled_call_impl = previous
+
+
+class ObservedCall:
+    """What `module(...)` runs inside `calls_observed`: the module's own call (or the route
+    `calls_routed` installs inside it), then `after(output, args, kwargs)`, whose answer is the call's."""
+
+    def __init__(self, module: torch.nn.Module, after: Callable, inner: Optional[Callable] = None):
+        self.module = module
+        self.after = after
+        self.inner = inner  # what ran the module's calls before (a route, nn.Module.compile's); None: its own call
+
+    def __call__(self, *args, **kwargs):
+        out = self.inner(*args, **kwargs) if self.inner is not None else call_module_body(self.module, *args, **kwargs)
+        return _observe(self.after, out, args, kwargs)
+
+
+@torch.compiler.disable
+def _observe(after: Callable, out, args, kwargs):
+    # never traced: where a whole-model compile reaches an observed module, the graph breaks here and
+    # the observer runs as Python (it may read values and end the call early by raising)
+    return after(out, args, kwargs)
+
+
+@contextlib.contextmanager
+def calls_observed(module: torch.nn.Module, after: Callable):
+    """While inside: every call of `module` also runs `after(output, args, kwargs)` on its way out, and
+    answers what it returns (or raises what it raises). Set on the module as `calls_routed`'s routes are
+    and put back after; a route installed inside this context runs inside the observer."""
+    previous = module.__dict__.get("_compiled_call_impl")
+    module._compiled_call_impl = ObservedCall(module, after, previous)
+    try:
+        yield
+    finally:
+        module._compiled_call_impl = previous
 
 
 def is_view(tensor: torch.Tensor) -> bool:

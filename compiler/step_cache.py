@@ -16,7 +16,15 @@ conds, which a sampler may evaluate in separate calls): the first key seen at a 
 when it has a change of its own to reuse. The decision is made outside the model, so compiled
 graphs never see it: changing the threshold or the step count recompiles nothing.
 
-`StepCache.step(x, progress, compute, key)` is the whole interface: `compute()` runs the model.
+With method `first_block` (First Block Cache's rule), every step runs the model's first block
+(compiler/first_block_probe.py observes it) and compares its residual, output minus input, with the
+one of the last computed step: while their mean absolute difference, relative to that residual's
+size, stays under `threshold`, the rest of the model is skipped (the call ends at the first block)
+and the step is answered as above. It measures inside the model where `reuse` estimates from the
+input, at the price of the first block on every skipped step.
+
+`StepCache.step(x, progress, compute, key)` is the whole interface: `compute()` runs the model
+(inside `first_block_probed(cache, block)` for method first_block).
 """
 from __future__ import annotations
 
@@ -26,7 +34,8 @@ from typing import Any, Callable, Hashable, Mapping, Optional
 
 import torch
 
-from ..choices import DEFAULT_STEP_CACHE_METHOD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS
+from ..choices import (DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS,
+                       STEP_CACHE_THRESHOLDS)
 from .option_text import check_keys, shorten
 
 MAX_KEYS = 64  # conds kept per run, each holding three latent-sized tensors: a workflow cannot ask for more
@@ -36,11 +45,15 @@ class StepCacheError(ValueError):
     """A step cache option is invalid, or the cache was used wrongly; the message names the field."""
 
 
+class _SkipRest(Exception):
+    """Raised by `StepCache.probe` to end a model call after its first block: the step is skipped."""
+
+
 @dataclass(frozen=True)
 class StepCacheOptions:
     method: str = DEFAULT_STEP_CACHE_METHOD
     # what each means and why its default: choices.STEP_CACHE_SETTINGS (the node's widgets read it too)
-    threshold: float = STEP_CACHE_SETTINGS["threshold"][0]
+    threshold: Optional[float] = None  # None (or -1): the method's default, choices.STEP_CACHE_THRESHOLDS
     start_percent: float = STEP_CACHE_SETTINGS["start_percent"][0]
     end_percent: float = STEP_CACHE_SETTINGS["end_percent"][0]
     max_consecutive_skips: int = STEP_CACHE_SETTINGS["max_consecutive_skips"][0]
@@ -48,12 +61,15 @@ class StepCacheOptions:
     def __post_init__(self):
         if self.method not in STEP_CACHE_METHODS:
             raise StepCacheError(f"step_cache.method={shorten(self.method)}: use one of {', '.join(STEP_CACHE_METHODS)}")
+        if self.threshold is None or (type(self.threshold) in (int, float) and self.threshold == METHOD_THRESHOLD):
+            object.__setattr__(self, "threshold", STEP_CACHE_THRESHOLDS[self.method])
         for name in ("threshold", "start_percent", "end_percent"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise StepCacheError(f"step_cache.{name}={shorten(value)}: use a number")
         if not 0 <= self.threshold <= 10:
-            raise StepCacheError(f"step_cache.threshold={shorten(self.threshold)}: use a number from 0 (never skip) to 10")
+            raise StepCacheError(f"step_cache.threshold={shorten(self.threshold)}: use a number from 0 (never skip) "
+                                 f"to 10, or {METHOD_THRESHOLD:g} for the method's default")
         if not 0 <= self.start_percent <= self.end_percent <= 1:
             raise StepCacheError(f"step_cache.start_percent={shorten(self.start_percent)}, end_percent="
                                  f"{shorten(self.end_percent)}: use 0 <= start_percent <= end_percent <= 1")
@@ -103,6 +119,8 @@ class _KeyState:
     out_last: Optional[torch.Tensor] = None     # the output of the last computed step
     x_computed: Optional[torch.Tensor] = None   # its input: a skip reuses out_last - x_computed
     rate: Optional[float] = None                # output change / input change between the last two computed steps
+    probe_computed: Optional[torch.Tensor] = None  # first_block: the first block's residual at the last computed step
+    probe_now: Optional[torch.Tensor] = None    # ... and at the step being computed
     pattern: list = field(default_factory=list)
     label: str = ""                             # what the report calls this key
 
@@ -128,6 +146,7 @@ class StepCache:
         self._added = 0.0                         # estimates added up since the last computed step
         self._skips = 0                           # consecutive skipped steps
         self._estimate_used = 0.0
+        self._probing: Optional[tuple[_KeyState, bool]] = None  # first_block: (key state, may skip) during compute()
 
     def report(self) -> StepCacheReport:
         patterns: dict[str, str] = {}
@@ -142,7 +161,9 @@ class StepCache:
              key: Hashable = "all", label: str = "") -> torch.Tensor:
         """The model's output for input `x` at `progress` (0 at the run's first step, 1 at its end):
         `compute()`'s, or `x` plus the change kept from the last computed step. `key` tells conds
-        apart; `label` is what the report calls it (default: the key)."""
+        apart; `label` is what the report calls it (default: the key). With method first_block,
+        `compute()` must pass the model's first block's residual to `probe()` as it runs
+        (`first_block_probed` arranges that)."""
         if not isinstance(progress, (int, float)) or not math.isfinite(progress):
             raise StepCacheError(f"step cache: progress={shorten(progress)} must be a finite number")
         if self._progress is not None and progress < self._progress:
@@ -156,26 +177,78 @@ class StepCache:
             state = self._states[key] = _KeyState(label=label)
         elif state.x_last is not None and (state.x_last.shape, state.x_last.dtype) != (x.shape, x.dtype):
             state = self._states[key] = _KeyState(pattern=state.pattern, label=label)  # a new size: nothing kept applies
-        if self._skip_step is None:  # the first key of this step decides for every key
+        deciding = self._skip_step is None  # the first key of this step decides for every key
+        if deciding and self.options.method == "reuse":
             self._skip_step = self._decide(state, x, progress)
         if self._skip_step and state.out_last is not None:  # a key with nothing computed yet computes
-            state.pattern.append("s")
-            state.x_last = x
-            return x + (state.out_last - state.x_computed).to(x.dtype)
-        out = compute()
+            return self._reuse(state, x)
+        if self.options.method == "first_block":
+            try:
+                out = self._computed_with_probe(state, compute, may_skip=deciding and self._may_skip(state, progress))
+            except _SkipRest:
+                self._skip_step = True
+                self._skips += 1
+                return self._reuse(state, x)
+            if deciding:
+                self._skip_step, self._skips = False, 0
+        else:
+            out = compute()
         self._learn(state, x, out)
         state.pattern.append("C")
         return out
 
-    def _decide(self, state: _KeyState, x: torch.Tensor, progress: float) -> bool:
-        """Skip this step? Adds this step's estimate, or starts counting afresh when it computes."""
+    def probe(self, residual: torch.Tensor) -> None:
+        """method first_block: the first block's residual (its output - its input) of the model call in
+        progress. Ends the call (by raising, for `step` to catch) when the step is skipped; a call of the
+        first block outside `step`, or a second one within a call, is ignored."""
+        if self._probing is None:
+            return
+        state, may_skip = self._probing
+        self._probing = None
+        residual = residual.detach()
+        kept = state.probe_computed
+        if may_skip and kept is not None and kept.shape == residual.shape:
+            size = _mean_abs(kept)
+            change = _mean_abs(residual - kept) / size if size > 0 else math.inf
+            if change < self.options.threshold:
+                self._estimate_used = max(self._estimate_used, change)
+                raise _SkipRest()
+        state.probe_now = residual
+
+    def _computed_with_probe(self, state: _KeyState, compute: Callable[[], torch.Tensor], may_skip: bool) -> torch.Tensor:
+        self._probing = (state, may_skip)
+        state.probe_now = None
+        try:
+            out = compute()
+        finally:
+            unprobed, self._probing = self._probing is not None, None
+        if unprobed:
+            raise StepCacheError("step cache: method first_block, but the model ran without its first block reporting "
+                                 "to the cache: a model compiled whole (Kiln's compile_unit whole, core's compile "
+                                 "node) runs its blocks inside one graph; compile it by blocks (Kiln's default), run "
+                                 "it eagerly, or use method reuse")
+        state.probe_computed = state.probe_now
+        return out
+
+    def _reuse(self, state: _KeyState, x: torch.Tensor) -> torch.Tensor:
+        state.pattern.append("s")
+        state.x_last = x
+        return x + (state.out_last - state.x_computed).to(x.dtype)
+
+    def _may_skip(self, state: _KeyState, progress: float) -> bool:
+        """Whether the settings let this step skip at all (inside the window, under the skips in a row,
+        something computed to reuse); the method decides whether it does."""
         options = self.options
+        return (options.threshold > 0 and options.start_percent <= progress < options.end_percent
+                and self._skips < options.max_consecutive_skips and state.out_last is not None)
+
+    def _decide(self, state: _KeyState, x: torch.Tensor, progress: float) -> bool:
+        """method reuse: skip this step? Adds this step's estimate, or starts counting afresh when it computes."""
         skip = False
-        if (options.threshold > 0 and options.start_percent <= progress < options.end_percent
-                and self._skips < options.max_consecutive_skips and state.rate is not None):
+        if self._may_skip(state, progress) and state.rate is not None:
             size = _mean_abs(state.out_last)
             estimate = state.rate * _mean_abs(x - state.x_last) / size if size > 0 else math.inf
-            if self._added + estimate < options.threshold:
+            if self._added + estimate < self.options.threshold:
                 self._added += estimate
                 self._estimate_used = max(self._estimate_used, self._added)
                 skip = True

@@ -12,6 +12,7 @@ from typing import Optional, Union
 
 import torch
 
+from .first_block_probe import first_block_of, first_block_probed
 from .step_cache import StepCache, StepCacheError, StepCacheOptions, StepCacheReport
 
 
@@ -25,12 +26,18 @@ class StepCachedModel(torch.nn.Module):
         self.cache = StepCache(options)
         self.num_train_timesteps = float(num_train_timesteps)
         self._returns_tuple = False  # diffusers' return_dict=False: answer a skipped step the same way
+        # method first_block: the block whose residual decides (found now: a model without blocks is refused here)
+        self._first_block = first_block_of(module)[1] if self.cache.options.method == "first_block" else None
 
     def forward(self, x: torch.Tensor, timestep: Union[torch.Tensor, float], *args, **kwargs):
         t = float(timestep.max()) if isinstance(timestep, torch.Tensor) else float(timestep)
 
         def compute() -> torch.Tensor:
-            out = self.module(x, timestep, *args, **kwargs)
+            if self._first_block is None:
+                out = self.module(x, timestep, *args, **kwargs)
+            else:
+                with first_block_probed(self.cache, self._first_block):
+                    out = self.module(x, timestep, *args, **kwargs)
             self._returns_tuple = isinstance(out, tuple)
             if self._returns_tuple:
                 return out[0]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from ..choices import DEFAULT_STEP_CACHE_METHOD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS, tooltip
+from ..choices import DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS, tooltip
 from . import plan_wrapper, shared
 
 log = logging.getLogger("kiln")
@@ -46,7 +46,7 @@ class KilnStepCache:
                 "model": ("MODEL",),
                 "method": (list(STEP_CACHE_METHODS), {"default": DEFAULT_STEP_CACHE_METHOD,
                                                       "tooltip": tooltip(STEP_CACHE_METHODS)}),
-                "threshold": number("threshold", 0.0, 10.0, 0.005),
+                "threshold": number("threshold", METHOD_THRESHOLD, 10.0, 0.005),
                 "start_percent": number("start_percent", 0.0, 1.0, 0.01),
                 "end_percent": number("end_percent", 0.0, 1.0, 0.01),
                 "max_consecutive_skips": number("max_consecutive_skips", 0, 100, 1),
@@ -69,7 +69,7 @@ class KilnStepCache:
             return shared.eager(model, unavailable)
         from comfy.patcher_extension import WrappersMP
 
-        sampling = StepCacheSampling(compiler.StepCache(options), str(unique_id or ""))
+        sampling = StepCacheSampling(compiler.StepCache(options), str(unique_id or ""), compiler)
         patched = model.clone()
         for kind, wrapper in ((WrappersMP.OUTER_SAMPLE, sampling.outer_sample), (WrappersMP.APPLY_MODEL, sampling.apply_model)):
             patched.remove_wrappers_with_key(kind, WRAPPER_KEY)
@@ -84,10 +84,12 @@ class KilnStepCache:
 class StepCacheSampling:
     """The two wrappers of one Step Cache node's model, sharing its StepCache."""
 
-    def __init__(self, cache, node_id: str):
+    def __init__(self, cache, node_id: str, compiler):
         self.cache = cache
         self.node_id = node_id
         self.sigmas = None  # the run's schedule: a call's progress is its sigma's place in it
+        self.compiler = compiler  # method first_block: its probe (compiler/first_block_probe.py)
+        self.first_block = None  # (diffusion model, its first block), found once per model
 
     def outer_sample(self, executor, *args, **kwargs):
         sigmas = args[3] if len(args) > 3 else kwargs["sigmas"]
@@ -112,9 +114,14 @@ class StepCacheSampling:
         progress = float((self.sigmas[:-1] - level).abs().argmin()) / (len(self.sigmas) - 1)
         s = sigma.reshape(sigma.shape[:1] + (1,) * (x.dim() - 1)).to(x.dtype)
         computed = []
+        probed = self._probed(executor.class_obj.diffusion_model) if self.cache.options.method == "first_block" else None
 
         def compute():
-            denoised = executor(*args, **kwargs)
+            if probed is None:
+                denoised = executor(*args, **kwargs)
+            else:
+                with probed:
+                    denoised = executor(*args, **kwargs)
             computed.append(denoised)
             return (x - denoised) / s
 
@@ -123,6 +130,12 @@ class StepCacheSampling:
         label = "+".join(COND_NAMES.get(k, str(k)) for k in kinds) or "all"
         noise = self.cache.step(model_sampling.calculate_input(sigma, x), progress, compute, key=key, label=label)
         return computed[0] if computed else x - s * noise
+
+    def _probed(self, diffusion_model):
+        """method first_block: the context in which the model's first block reports to the cache."""
+        if self.first_block is None or self.first_block[0] is not diffusion_model:
+            self.first_block = (diffusion_model, self.compiler.first_block_of(diffusion_model)[1])
+        return self.compiler.first_block_probed(self.cache, self.first_block[1])
 
 
 NODE_CLASS_MAPPINGS = {"KilnStepCache": KilnStepCache}

@@ -85,7 +85,7 @@ def test_the_first_cond_decides_and_the_others_follow_when_they_can():
 
 
 @pytest.mark.parametrize("field, value, words", [
-    ("threshold", -1, "threshold=-1"), ("threshold", float("nan"), "threshold=nan"), ("threshold", "0.2", "use a number"),
+    ("threshold", -2, "threshold=-2"), ("threshold", float("nan"), "threshold=nan"), ("threshold", "0.2", "use a number"),
     ("method", "magic", "use one of reuse"), ("max_consecutive_skips", 10 ** 9, "max_consecutive_skips"),
     ("start_percent", 0.97, "start_percent=0.97"), ("max_consecutive_skips", True, "whole number"),
 ])

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import kiln
+from kiln.choices import STEP_CACHE_METHODS
 from kiln.testing.image_quality import psnr
 
 pytest.importorskip("sklearn")
@@ -18,12 +19,13 @@ def model():
     return digits_unet.load_or_train()
 
 
-def test_the_default_skips_steps_and_keeps_every_image_within_30_db(model):
+@pytest.mark.parametrize("method", STEP_CACHE_METHODS)
+def test_each_method_s_default_skips_steps_and_keeps_every_image_within_30_db(model, method):
     for steps in (20, 30):
         computed = 0
         for seed in range(4):
             reference = digits_unet.sample(model, torch.tensor([seed]), steps, seed)
-            cached = kiln.step_cached(model)
+            cached = kiln.step_cached(model, {"method": method})
             out = digits_unet.sample(cached, torch.tensor([seed]), steps, seed)
             assert psnr(out, reference) >= 30, (steps, seed, cached.report().line())
             computed += cached.report().computed
@@ -34,7 +36,7 @@ def test_the_default_skips_steps_and_keeps_every_image_within_30_db(model):
 def test_compiled_and_eager_decide_alike_and_new_settings_never_recompile(model):
     compiled = digits_unet.DigitsDenoiser(kiln.compile(model.unet, mode="fast"), model.embed)
     runs = [({"threshold": 0.05}, 30, [1]), ({"threshold": 0.08, "max_consecutive_skips": 3}, 20, [2, 7]),
-            ({"threshold": 0.0}, 12, [4])]
+            ({"method": "first_block"}, 20, [3]), ({"threshold": 0.0}, 12, [4])]
     counts = []
     for options, steps, classes in runs:
         eager = kiln.step_cached(model, options)

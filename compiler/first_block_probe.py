@@ -1,0 +1,64 @@
+"""The first block's residual, for the step cache's method first_block (compiler/step_cache.py).
+
+`first_block_probed(cache, model)` observes the first of the model's blocks (compiler/blocks.py's
+walk, in model order: SD1.5's first ResBlock, Flux's first double block) for the duration of one
+model call and hands its residual, output minus input, to `cache.probe`, which may end the call there
+when the step is skipped. The observer sits where Kiln routes a block to its compiled region
+(compat.calls_observed): by blocks the region stays compiled and the probe runs in the eager glue
+after it; under a whole-model compile (core's compile node, `compile_unit: whole`) the graph breaks
+at the first block's output, and the rest of the model is compiled after the break.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Optional
+
+import torch
+
+from . import compat
+from .blocks import find_blocks
+from .step_cache import StepCache, StepCacheError
+
+
+def first_block_of(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
+    """(path, block): the first block of `model`; StepCacheError if it has none."""
+    blocks = find_blocks(model)
+    if not blocks:
+        raise StepCacheError(f"step cache: method first_block needs a model made of blocks, and "
+                             f"{type(model).__name__} has none Kiln can find; use method reuse")
+    return blocks[0]
+
+
+def _first_tensor(value: Any) -> Optional[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return value
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            return item
+    return None
+
+
+def residual(out: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The block's residual: its first output tensor minus its first input of the same shape and dtype
+    (the hidden state it updates), or the output itself where no input matches (a block that changes
+    the width)."""
+    hidden = _first_tensor(out)
+    if hidden is None:
+        raise StepCacheError(f"step cache: method first_block, but the model's first block returned "
+                             f"{type(out).__name__} with no tensor in it; use method reuse")
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.shape == hidden.shape and value.dtype == hidden.dtype:
+            return hidden - value
+    return hidden
+
+
+@contextlib.contextmanager
+def first_block_probed(cache: StepCache, block: torch.nn.Module):
+    """While inside, every call of `block` hands its residual to `cache.probe` (see the module docstring)."""
+    def after(out, args, kwargs):
+        cache.probe(residual(out, args, kwargs))
+        return out
+
+    with compat.calls_observed(block, after):
+        yield
