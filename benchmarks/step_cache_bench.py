@@ -2,9 +2,10 @@
 
 Quality needs a trained model (random weights never settle), so this samples the tiny digits
 denoiser (testing/digits_unet.py, trained once into the user's cache). For each step count and
-seed: the uncached image, then the step cache at each threshold, each eager and on Kiln's compile
-of the same model. Reported per setting: PSNR of the final latents against the uncached ones of
-the same model (min and mean over seeds), model evaluations computed, and wall-clock time against
+seed: the uncached image, then the step cache, each method at three thresholds, each eager and on
+Kiln's compile of the same model. Reported per setting: PSNR and SSIM of the final latents against
+the uncached ones of the same model (min and mean over seeds), model evaluations computed (a
+first_block skip runs the first block only, and counts as skipped), and wall-clock time against
 the uncached run of the same model, all timed in one process. The digits' latents are their images
 (8x8, the digit in every channel), so PSNR is that of the images themselves.
 """
@@ -17,13 +18,14 @@ import time
 
 import torch
 
-from ..testing.image_quality import psnr
+from ..testing.image_quality import psnr, ssim
 
-THRESHOLDS = (0.03, 0.05, 0.08)  # around the default, 0.05
+SETTINGS = (("reuse", 0.03), ("reuse", 0.05), ("reuse", 0.08),          # around each method's default
+            ("first_block", 0.1), ("first_block", 0.15), ("first_block", 0.2))
 STEP_COUNTS = (20, 30)
 
 
-def run_step_cache_bench(seeds: int = 8, step_counts=STEP_COUNTS, thresholds=THRESHOLDS, mode: str = "balanced",
+def run_step_cache_bench(seeds: int = 8, step_counts=STEP_COUNTS, settings=SETTINGS, mode: str = "balanced",
                          log=print) -> dict:
     from .. import compiler as kiln
     from ..testing import digits_unet
@@ -38,7 +40,7 @@ def run_step_cache_bench(seeds: int = 8, step_counts=STEP_COUNTS, thresholds=THR
         t0 = time.perf_counter()
         digits_unet.sample(compiled, torch.tensor([0]), 2, 0)  # the compile, before any timing
         log(f"kiln bench --step-cache: the digits denoiser, {seeds} seeds, steps {list(step_counts)}, "
-            f"thresholds {list(thresholds)}; Kiln {mode} compiled in {time.perf_counter() - t0:.1f}s")
+            f"settings {[f'{m} {t:g}' for m, t in settings]}; Kiln {mode} compiled in {time.perf_counter() - t0:.1f}s")
         for steps in step_counts:
             for name, runner in models.items():
                 references, base_s = [], 0.0
@@ -46,30 +48,33 @@ def run_step_cache_bench(seeds: int = 8, step_counts=STEP_COUNTS, thresholds=THR
                     t0 = time.perf_counter()
                     references.append(digits_unet.sample(runner, torch.tensor([seed % 10]), steps, seed))
                     base_s += time.perf_counter() - t0
-                rows.append({"steps": steps, "model": name, "threshold": None, "psnr_min": math.inf, "psnr_mean": math.inf,
-                             "computed": steps, "seconds": base_s, "speedup": 1.0})
-                for threshold in thresholds:
-                    cached = kiln.step_cached(runner, {"threshold": threshold})
-                    values, computed, seconds = [], 0, 0.0
+                rows.append({"steps": steps, "model": name, "method": None, "threshold": None, "psnr_min": math.inf,
+                             "psnr_mean": math.inf, "ssim_min": 1.0, "ssim_mean": 1.0, "computed": steps,
+                             "seconds": base_s, "speedup": 1.0})
+                for method, threshold in settings:
+                    cached = kiln.step_cached(runner, {"method": method, "threshold": threshold})
+                    quality, computed, seconds = [], 0, 0.0
                     for seed in range(seeds):
                         t0 = time.perf_counter()
                         out = digits_unet.sample(cached, torch.tensor([seed % 10]), steps, seed)
                         seconds += time.perf_counter() - t0
-                        values.append(psnr(out, references[seed]))
+                        quality.append((psnr(out, references[seed]), ssim(out, references[seed])))
                         computed += cached.report().computed
-                    rows.append({"steps": steps, "model": name, "threshold": threshold, "psnr_min": min(values),
-                                 "psnr_mean": sum(values) / len(values), "computed": computed / seeds,
-                                 "seconds": seconds, "speedup": base_s / seconds,
+                    rows.append({"steps": steps, "model": name, "method": method, "threshold": threshold,
+                                 "psnr_min": min(q[0] for q in quality), "psnr_mean": sum(q[0] for q in quality) / seeds,
+                                 "ssim_min": min(q[1] for q in quality), "ssim_mean": sum(q[1] for q in quality) / seeds,
+                                 "computed": computed / seeds, "seconds": seconds, "speedup": base_s / seconds,
                                  "pattern": cached.report().patterns.get("all", "")})
-                for row in rows[-len(thresholds) - 1:]:
+                for row in rows[-len(settings) - 1:]:
                     log(format_row(row))
     return {"seeds": seeds, "mode": mode, "rows": rows}
 
 
 def format_row(row: dict) -> str:
-    setting = "no cache" if row["threshold"] is None else f"threshold {row['threshold']:g}"
-    quality = "" if row["threshold"] is None else f"PSNR min {row['psnr_min']:5.1f} mean {row['psnr_mean']:5.1f} dB  "
-    return (f"{row['steps']:>3} steps  {row['model']:<14} {setting:<14} {quality:<32}"
+    setting = "no cache" if row["threshold"] is None else f"{row['method']} {row['threshold']:g}"
+    quality = "" if row["threshold"] is None else (f"PSNR {row['psnr_min']:5.1f} / {row['psnr_mean']:5.1f} dB  "
+                                                   f"SSIM {row['ssim_min']:.3f} / {row['ssim_mean']:.3f}  ")
+    return (f"{row['steps']:>3} steps  {row['model']:<14} {setting:<17} {quality:<45}"
             f"computed {row['computed']:5.1f}  {row['speedup']:.2f}x wall-clock  {row.get('pattern', '')}")
 
 

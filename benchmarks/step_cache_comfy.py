@@ -1,14 +1,20 @@
 """The step cache beside ComfyUI core's EasyCache, through ComfyUI's own sampling, on the trained digits
-denoiser (testing/digits_unet.py). Run with a ComfyUI's Python, its tree on COMFYUI_PATH:
+denoiser (testing/digits_unet.py), eager and compiled. Run with a ComfyUI's Python, its tree on COMFYUI_PATH:
 
     COMFYUI_PATH=~/ComfyUI ~/ComfyUI/venv/bin/python -m kiln.benchmarks.step_cache_comfy [--json PATH]
 
 The trained UNet (diffusers) stands in for an SD1.5 checkpoint's: ComfyUI's SD1.5 BaseModel (eps, the
 same scaled-linear schedule it was trained on) runs it as its diffusion model, behind ComfyUI's
 DIFFUSION_MODEL wrappers as ComfyUI's own UNet is (EasyCache rides on those), with the class
-embeddings as the conditioning. For each setting, at 20 and 30 steps (euler, normal, CFG 4), 8 seeds:
-PSNR of the final latents against the uncached run of the same seed, and the diffusion model's calls
-(counted at the model: every skipped call is one less), eager. Side by side in one process.
+embeddings as the conditioning. Three groups, side by side in one process, at 20 and 30 steps
+(euler, normal, CFG 4), 8 seeds each:
+- eager: no cache; Kiln's step cache, each method at three thresholds; core's EasyCache at three;
+- Kiln › Compile UNet (balanced): no cache; Kiln's step cache, each method at its default;
+- core's compile node (TorchCompileModel, inductor): no cache; core's EasyCache at 0.05 and its default.
+Per setting: PSNR and SSIM of the final latents against the eager uncached run of the same seed, the
+diffusion model's calls (counted at the model: every skipped call is one less), and wall-clock against
+the same group's uncached run, timed after one untimed run of the same setting (which pays any
+compile; its time is reported as warm-up).
 """
 from __future__ import annotations
 
@@ -17,10 +23,11 @@ import json
 import logging
 import os
 import sys
+import time
 
 import torch
 
-KILN_THRESHOLDS = (0.03, 0.05, 0.08)
+KILN_THRESHOLDS = {"reuse": (0.03, 0.05, 0.08), "first_block": (0.1, 0.15, 0.2)}
 EASYCACHE_THRESHOLDS = (0.05, 0.1, 0.2)   # core's default is 0.2
 STEP_COUNTS = (20, 30)
 
@@ -36,13 +43,20 @@ def _comfy():
 
 
 class DigitsDiffusionModel(torch.nn.Module):
-    """The trained UNet called as ComfyUI calls its diffusion model, DIFFUSION_MODEL wrappers included."""
+    """The trained UNet called as ComfyUI calls its diffusion model, DIFFUSION_MODEL wrappers included.
+    `calls` counts the calls that ran the whole UNet (a first_block skip ends the call before)."""
 
     def __init__(self, unet):
         super().__init__()
         self.unet = unet
-        self.calls = 0
+        # a tensor, counted in place: a compile of the whole model keeps it in its graph (an int
+        # attribute would be a constant that recompiles at every call)
+        self.register_buffer("computed", torch.zeros((), dtype=torch.long), persistent=False)
         self.dtype = torch.float32  # what ComfyUI's own diffusion models say
+
+    @property
+    def calls(self) -> int:
+        return int(self.computed)
 
     def forward(self, x, timesteps=None, context=None, y=None, control=None, transformer_options={}, **kwargs):
         import comfy.patcher_extension as ext
@@ -52,8 +66,9 @@ class DigitsDiffusionModel(torch.nn.Module):
         ).execute(x, timesteps, context, y, control, transformer_options, **kwargs)
 
     def _forward(self, x, timesteps=None, context=None, y=None, control=None, transformer_options={}, **kwargs):
-        self.calls += 1
-        return self.unet(x, timesteps, encoder_hidden_states=context, return_dict=False)[0]
+        out = self.unet(x, timesteps, encoder_hidden_states=context, return_dict=False)[0]
+        self.computed += 1
+        return out
 
 
 def comfy_model(denoiser):
@@ -72,61 +87,107 @@ def comfy_model(denoiser):
     return comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
 
 
-def run(seeds: int = 8, log=print) -> dict:
-    _comfy()
-    import comfy.sample
-
+def _settings(base, log) -> list[tuple[str, str, object]]:
+    """(group, setting, MODEL) in the order they run; each group's first is its uncached model."""
+    from ..nodes.compile_unet import KilnCompileUNet
     from ..nodes.step_cache import KilnStepCache
-    from ..testing import digits_unet
-    from ..testing.image_quality import psnr
 
     try:
         from comfy_extras.nodes_easycache import EasyCacheNode
     except ImportError:
         EasyCacheNode = None
         log("this ComfyUI has no EasyCache (comfy_extras/nodes_easycache.py): Kiln's rows only")
+
+    def kiln_cache(model, method, threshold=-1.0):
+        return KilnStepCache().apply(model, method=method, threshold=threshold)[0]
+
+    def easycache(model, threshold):
+        return EasyCacheNode.execute(model, reuse_threshold=threshold, start_percent=0.15, end_percent=0.95,
+                                     verbose=False)[0]
+
+    settings = [("eager", "no cache", base)]
+    settings += [("eager", f"kiln {method} {t:g}", kiln_cache(base, method, t))
+                 for method, thresholds in KILN_THRESHOLDS.items() for t in thresholds]
+    if EasyCacheNode is not None:
+        settings += [("eager", f"easycache {t:g}", easycache(base, t)) for t in EASYCACHE_THRESHOLDS]
+    compiled = KilnCompileUNet().compile(base, mode="balanced")[0]
+    settings += [("kiln compile", "no cache", compiled)]
+    settings += [("kiln compile", f"kiln {method} default", kiln_cache(compiled, method)) for method in KILN_THRESHOLDS]
+    from comfy_extras.nodes_torch_compile import TorchCompileModel
+
+    core = TorchCompileModel.execute(base, backend="inductor")[0]   # the node itself, as a workflow runs it
+    settings += [("core compile", "no cache", core)]
+    if EasyCacheNode is not None:
+        settings += [("core compile", f"easycache {t:g}", easycache(core, t)) for t in (0.05, 0.2)]
+    return settings
+
+
+def run(seeds: int = 8, step_counts=STEP_COUNTS, groups=("eager", "kiln compile", "core compile"), log=print) -> dict:
+    _comfy()
+    import comfy.sample
+
+    from ..testing import digits_unet
+    from ..testing.image_quality import psnr, ssim
+
     denoiser = digits_unet.load_or_train(progress=lambda step, loss: log(f"  training: step {step}, loss {loss:.4f}"))
     base = comfy_model(denoiser)
-    settings = [("no cache", None, base)]
-    settings += [("kiln", t, KilnStepCache().apply(base, threshold=t)[0]) for t in KILN_THRESHOLDS]
-    if EasyCacheNode is not None:
-        settings += [("easycache", t, EasyCacheNode.execute(base, reuse_threshold=t, start_percent=0.15, end_percent=0.95,
-                                                            verbose=False)[0]) for t in EASYCACHE_THRESHOLDS]
+    settings = [s for s in _settings(base, log) if s[0] in groups]
     model_counter = base.model.diffusion_model
+
+    def sample(model, steps, seed):
+        classes = torch.tensor([seed % 10])
+        pos = [[denoiser.context(classes), {}]]
+        neg = [[denoiser.context(torch.tensor([digits_unet.NULL_CLASS])), {}]]
+        noise = torch.randn(1, 4, digits_unet.LATENT, digits_unet.LATENT, generator=torch.Generator().manual_seed(seed))
+        return comfy.sample.sample(model, noise, steps, 4.0, "euler", "normal", pos, neg, torch.zeros_like(noise),
+                                   disable_pbar=True, seed=seed)
+
     rows = []
-    for steps in STEP_COUNTS:
-        references = {}
-        for name, threshold, model in settings:
-            values, calls = [], 0
+    for steps in step_counts:
+        references, uncached_s = {}, {}
+        for group, setting, model in settings:
+            t0 = time.perf_counter()
+            sample(model, steps, seeds)   # untimed: pays this setting's compiles (a seed the timed runs never use)
+            warmup = time.perf_counter() - t0
+            outs, calls, seconds = [], 0, 0.0
             for seed in range(seeds):
-                classes = torch.tensor([seed % 10])
-                pos = [[denoiser.context(classes), {}]]
-                neg = [[denoiser.context(torch.tensor([digits_unet.NULL_CLASS])), {}]]
-                noise = torch.randn(1, 4, digits_unet.LATENT, digits_unet.LATENT, generator=torch.Generator().manual_seed(seed))
                 before = model_counter.calls
-                out = comfy.sample.sample(model, noise, steps, 4.0, "euler", "normal", pos, neg,
-                                          torch.zeros_like(noise), disable_pbar=True, seed=seed)
+                t0 = time.perf_counter()
+                outs.append(sample(model, steps, seed))
+                seconds += time.perf_counter() - t0
                 calls += model_counter.calls - before
-                if threshold is None:
-                    references[seed] = out
-                values.append(psnr(out, references[seed]))
-            row = {"steps": steps, "cache": name, "threshold": threshold, "psnr_min": min(values),
-                   "psnr_mean": sum(values) / len(values), "calls": calls / seeds}
+            if group == "eager" and setting == "no cache":
+                references = dict(enumerate(outs))
+            if setting == "no cache":
+                uncached_s[group] = seconds
+            quality = [(psnr(out, references[seed]), ssim(out, references[seed])) for seed, out in enumerate(outs)]
+            row = {"steps": steps, "group": group, "setting": setting, "calls": calls / seeds,
+                   "psnr_min": min(q[0] for q in quality), "psnr_mean": sum(q[0] for q in quality) / seeds,
+                   "ssim_min": min(q[1] for q in quality), "ssim_mean": sum(q[1] for q in quality) / seeds,
+                   "seconds": seconds, "speedup": uncached_s[group] / seconds, "warmup_s": warmup}
             rows.append(row)
-            quality = "" if threshold is None else f"PSNR min {row['psnr_min']:5.1f} mean {row['psnr_mean']:5.1f} dB  "
-            setting = name if threshold is None else f"{name} {threshold:g}"
-            log(f"{steps:>3} steps  {setting:<16} {quality:<32}model calls {row['calls']:5.1f} of {steps}")
+            log(format_row(row))
     return {"seeds": seeds, "rows": rows}
+
+
+def format_row(row: dict) -> str:
+    quality = ("the reference" if (row["group"], row["setting"]) == ("eager", "no cache") else
+               f"PSNR {row['psnr_min']:5.1f} / {row['psnr_mean']:5.1f} dB  SSIM {row['ssim_min']:.3f} / {row['ssim_mean']:.3f}")
+    return (f"{row['steps']:>3} steps  {row['group']:<13} {row['setting']:<24} {quality:<44} "
+            f"calls {row['calls']:5.1f}  {row['speedup']:.2f}x wall-clock ({row['seconds']:.2f} s; "
+            f"warm-up {row['warmup_s']:.1f} s)")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--groups", default="eager,kiln compile,core compile", help="which of the three groups to run")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     with torch.inference_mode():
-        result = run(args.seeds, log=lambda msg: print(msg, flush=True))
+        result = run(args.seeds, groups=tuple(g.strip() for g in args.groups.split(",")),
+                     log=lambda msg: print(msg, flush=True))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

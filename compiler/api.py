@@ -12,12 +12,15 @@ from .options import CompileOptions, OptionsError
 from .passes import Progress
 from .plan import KilnPlan
 from .stats import KilnStats
+from .step_cache import StepCacheOptions
+from .step_cached_model import StepCachedModel, step_cached
 
 
 def compile(module: torch.nn.Module, options: Union[CompileOptions, str] = "balanced", dynamic: Optional[bool] = None,
             cuda_graphs: bool = False, *, cache: Union[CacheOptions, str, None] = None,
             progress: Optional[Progress] = None, cache_dir: Optional[str] = None, cache_max_gb: float = 20.0,
-            mode: Optional[str] = None) -> KilnModel:
+            mode: Optional[str] = None, step_cache: Union[StepCacheOptions, dict, None] = None
+            ) -> Union[KilnModel, StepCachedModel]:
     """Compile a diffusion model (UNet or DiT) with Kiln's TorchDynamo backend, as `options` (a
     CompileOptions) and `cache` (a CacheOptions, or None: no cache) say.
 
@@ -42,6 +45,10 @@ def compile(module: torch.nn.Module, options: Union[CompileOptions, str] = "bala
     `mode=`) with `dynamic` and `cuda_graphs`; `cache_dir` turns the cache on there ("" for the
     default), with `cache` its mode ("use" unless given) and `cache_max_gb` its cap.
 
+    `step_cache` (a StepCacheOptions or its mapping, `{}` for the defaults) puts the compiled model
+    behind the step cache: `kiln.step_cached(kiln.compile(module, ...), step_cache)`, for a sampling
+    loop that calls it as `model(x, timestep, ...)` (docs/step-cache.md); `kiln.stats` reads through it.
+
     Example:
         >>> unet = kiln.compile(unet, kiln.CompileOptions(mode="balanced"), cache=kiln.CacheOptions())
         >>> unet = kiln.compile(unet, "balanced", cache_dir="")  # the same, in short
@@ -52,8 +59,12 @@ def compile(module: torch.nn.Module, options: Union[CompileOptions, str] = "bala
     problem = unavailable_reason()
     if problem:
         raise KilnUnavailable(problem)
-    return model_for(module, KilnPlan(compile=_compile_options(options, mode, dynamic, cuda_graphs),
-                                      cache=_cache_options(cache, cache_dir, cache_max_gb)), progress=progress)
+    if step_cache is not None and not isinstance(step_cache, (StepCacheOptions, dict)):
+        raise OptionsError(f"step_cache={type(step_cache).__name__}: give a StepCacheOptions or a mapping of its "
+                           "fields ({} for the defaults)")
+    model = model_for(module, KilnPlan(compile=_compile_options(options, mode, dynamic, cuda_graphs),
+                                       cache=_cache_options(cache, cache_dir, cache_max_gb)), progress=progress)
+    return model if step_cache is None else step_cached(model, step_cache)
 
 
 def _compile_options(options, mode, dynamic, cuda_graphs) -> CompileOptions:
@@ -81,6 +92,8 @@ def _cache_options(cache, cache_dir, max_gb) -> Optional[CacheOptions]:
 
 def stats(compiled: torch.nn.Module) -> KilnStats:
     """What Kiln did for a module returned by `kiln.compile`: graphs, recompiles and reasons, passes."""
+    if isinstance(compiled, StepCachedModel):
+        compiled = compiled.module
     if isinstance(compiled, KilnModel):
         return compiled.stats
     raise ValueError(f"{type(compiled).__name__} was not returned by kiln.compile")

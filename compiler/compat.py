@@ -321,33 +321,35 @@ def calls_routed(routes: Mapping[torch.nn.Module, Callable]):
 
 
 class ObservedCall:
-    """What `module(...)` runs inside `calls_observed`: the module's own call (or the route
-    `calls_routed` installs inside it), then `after(output, args, kwargs)`, whose answer is the call's."""
+    """What `module(...)` runs inside `calls_observed`: `before(args, kwargs)`, the module's own call
+    (or the route `calls_routed` installs inside it), then `after(output, what before answered)`,
+    whose answer is the call's."""
 
-    def __init__(self, module: torch.nn.Module, after: Callable, inner: Optional[Callable] = None):
+    def __init__(self, module: torch.nn.Module, before: Callable, after: Callable, inner: Optional[Callable] = None):
         self.module = module
-        self.after = after
+        self.before, self.after = before, after
         self.inner = inner  # what ran the module's calls before (a route, nn.Module.compile's); None: its own call
 
     def __call__(self, *args, **kwargs):
+        seen = _observe(self.before, args, kwargs)
         out = self.inner(*args, **kwargs) if self.inner is not None else call_module_body(self.module, *args, **kwargs)
-        return _observe(self.after, out, args, kwargs)
+        return _observe(self.after, out, seen)
 
 
 @torch.compiler.disable
-def _observe(after: Callable, out, args, kwargs):
-    # never traced: where a whole-model compile reaches an observed module, the graph breaks here and
-    # the observer runs as Python (it may read values and end the call early by raising)
-    return after(out, args, kwargs)
+def _observe(observer: Callable, *args):
+    # never traced: an observer reads values and may end the call early by raising
+    return observer(*args)
 
 
 @contextlib.contextmanager
-def calls_observed(module: torch.nn.Module, after: Callable):
-    """While inside: every call of `module` also runs `after(output, args, kwargs)` on its way out, and
-    answers what it returns (or raises what it raises). Set on the module as `calls_routed`'s routes are
-    and put back after; a route installed inside this context runs inside the observer."""
+def calls_observed(module: torch.nn.Module, before: Callable, after: Callable):
+    """While inside: every call of `module` runs `before(args, kwargs)` on its way in and
+    `after(output, what before answered)` on its way out, and answers what `after` returns (or raises
+    what it raises). Set on the module as `calls_routed`'s routes are (so TorchDynamo, tracing a whole
+    model, never sees it) and put back after; a route installed inside this context runs inside it."""
     previous = module.__dict__.get("_compiled_call_impl")
-    module._compiled_call_impl = ObservedCall(module, after, previous)
+    module._compiled_call_impl = ObservedCall(module, before, after, previous)
     try:
         yield
     finally:

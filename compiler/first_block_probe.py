@@ -39,26 +39,36 @@ def _first_tensor(value: Any) -> Optional[torch.Tensor]:
     return None
 
 
-def residual(out: Any, args: tuple, kwargs: dict) -> torch.Tensor:
-    """The block's residual: its first output tensor minus its first input of the same shape and dtype
-    (the hidden state it updates), or the output itself where no input matches (a block that changes
-    the width)."""
+def first_tensor_input(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """The block's first tensor input, the hidden state it updates (ResBlock(x, emb), Flux's
+    block(img=..., txt=...), diffusers' block(hidden_states, temb))."""
+    return _first_tensor((*args, *kwargs.values()))
+
+
+def residual(out: Any, hidden_in: Optional[torch.Tensor]) -> torch.Tensor:
+    """The block's residual: its first output tensor minus its hidden state as it came in, where their
+    shapes and dtypes match; the output itself where they do not (a block that changes the width)."""
     hidden = _first_tensor(out)
     if hidden is None:
         raise StepCacheError(f"step cache: method first_block, but the model's first block returned "
                              f"{type(out).__name__} with no tensor in it; use method reuse")
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor) and value.shape == hidden.shape and value.dtype == hidden.dtype:
-            return hidden - value
+    if hidden_in is not None and hidden_in.shape == hidden.shape and hidden_in.dtype == hidden.dtype:
+        return hidden - hidden_in
     return hidden
 
 
 @contextlib.contextmanager
 def first_block_probed(cache: StepCache, block: torch.nn.Module):
     """While inside, every call of `block` hands its residual to `cache.probe` (see the module docstring)."""
-    def after(out, args, kwargs):
-        cache.probe(residual(out, args, kwargs))
+    def before(args, kwargs):
+        hidden = first_tensor_input(args, kwargs)
+        # a copy: a block may update its input in place (ComfyUI's Flux blocks add to `img`)
+        return None if hidden is None or not cache.probing else hidden.clone()
+
+    def after(out, hidden_in):
+        if hidden_in is not None:
+            cache.probe(residual(out, hidden_in))
         return out
 
-    with compat.calls_observed(block, after):
+    with compat.calls_observed(block, before, after):
         yield

@@ -197,6 +197,11 @@ class StepCache:
         state.pattern.append("C")
         return out
 
+    @property
+    def probing(self) -> bool:
+        """Whether a model call in progress waits for its first block's residual (method first_block)."""
+        return self._probing is not None
+
     def probe(self, residual: torch.Tensor) -> None:
         """method first_block: the first block's residual (its output - its input) of the model call in
         progress. Ends the call (by raising, for `step` to catch) when the step is skipped; a call of the

@@ -7,9 +7,10 @@ puts each model call through it: the input as the model sees it (`model_sampling
 and the noise prediction in ComfyUI's k-diffusion terms, `(x - denoised) / sigma` (what an eps model
 outputs; for v- and flow models the same quantity derived), keyed by the conds in the batch
 (`transformer_options["uuids"]`), so split and batched CFG both keep per-cond state. A computed call
-returns the model's own denoised output; a skipped one `x - sigma * the estimate`. The decision is
-made outside the model: with Kiln › Compile UNet in the chain, the compiled graphs are the same ones
-and a new threshold recompiles nothing.
+returns the model's own denoised output; a skipped one `x - sigma * the estimate`. With method
+first_block, each call runs inside the compiler's probe of the diffusion model's first block, and a
+skipped call ends there. The decision is made outside the compiled graphs: with Kiln › Compile UNet in
+the chain, the graphs are the same ones and a new threshold recompiles nothing.
 """
 from __future__ import annotations
 

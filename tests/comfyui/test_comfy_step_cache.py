@@ -3,7 +3,7 @@ quality here, `kiln bench --step-cache` measures that on a trained model; what i
 rides on ComfyUI's sampling): threshold 0 gives the uncached image bit for bit, skips follow the settings
 and are reported after each run, a new prompt at another size and step count starts fresh, CFG's cond and
 uncond share the decision, denoise < 1 works, a bad setting is refused by name, and with Kiln › Compile
-UNet the compiled graphs are the same and new settings never recompile.
+UNet the compiled graphs are the same and new settings never recompile; each method (reuse, first_block).
 Runs when COMFYUI_PATH points at a ComfyUI tree; skips otherwise."""
 import logging
 import os
@@ -20,6 +20,7 @@ import comfy.sample  # noqa: E402
 import nodes  # noqa: E402
 import torch  # noqa: E402
 
+from kiln.choices import STEP_CACHE_METHODS  # noqa: E402
 from kiln.compiler import StepCacheError  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.step_cache import KilnStepCache  # noqa: E402
@@ -54,8 +55,9 @@ def patterns(records) -> list[str]:
     return found
 
 
-def test_threshold_zero_gives_the_uncached_image_bit_for_bit(base, caplog):
-    model, report = step_cache(base, threshold=0.0)
+@pytest.mark.parametrize("method", STEP_CACHE_METHODS)
+def test_threshold_zero_gives_the_uncached_image_bit_for_bit(base, caplog, method):
+    model, report = step_cache(base, method=method, threshold=0.0)
     assert "threshold 0" in report
     with caplog.at_level(logging.INFO, logger="kiln"):
         got = sample(model, steps=STEPS)
@@ -63,8 +65,10 @@ def test_threshold_zero_gives_the_uncached_image_bit_for_bit(base, caplog):
     assert patterns(caplog.records) == ["C" * STEPS]
 
 
-def test_skips_follow_the_settings_and_each_run_starts_fresh(base, caplog):
-    model, _ = step_cache(base, threshold=10.0, start_percent=0.2, end_percent=0.8, max_consecutive_skips=2)
+@pytest.mark.parametrize("method", STEP_CACHE_METHODS)
+def test_skips_follow_the_settings_and_each_run_starts_fresh(base, caplog, method):
+    model, _ = step_cache(base, method=method, threshold=10.0, start_percent=0.2, end_percent=0.8,
+                          max_consecutive_skips=2)
     with caplog.at_level(logging.INFO, logger="kiln"):
         first = sample(model, steps=STEPS)
         second = sample(model, steps=6, size=24, width=16, seed=4)   # another size and step count
@@ -96,15 +100,16 @@ def test_a_bad_setting_is_refused_by_name(base, setting, value, words):
         step_cache(base, **{setting: value})
 
 
+@pytest.mark.parametrize("method", STEP_CACHE_METHODS)
 @pytest.mark.parametrize("order", ["step cache, then Kiln", "Kiln, then step cache"])
-def test_with_kiln_compile_the_image_is_the_eager_one_and_new_settings_never_recompile(base, order, caplog):
+def test_with_kiln_compile_the_image_is_the_eager_one_and_new_settings_never_recompile(base, order, method, caplog):
     def chain(model, threshold):
         if order.startswith("step"):
-            return KilnCompileUNet().compile(step_cache(model, threshold=threshold)[0], mode="fast")[0]
-        return step_cache(KilnCompileUNet().compile(model, mode="fast")[0], threshold=threshold)[0]
+            return KilnCompileUNet().compile(step_cache(model, method=method, threshold=threshold)[0], mode="fast")[0]
+        return step_cache(KilnCompileUNet().compile(model, mode="fast")[0], method=method, threshold=threshold)[0]
 
     with caplog.at_level(logging.INFO, logger="kiln"):
-        want = sample(step_cache(base, threshold=10.0)[0], steps=STEPS)
+        want = sample(step_cache(base, method=method, threshold=10.0)[0], steps=STEPS)
         eager_runs = patterns(caplog.records)
         caplog.clear()
         model = chain(base, 10.0)
@@ -165,7 +170,8 @@ def test_a_controlnets_effect_survives_the_skipped_steps(base, caplog):
     assert (controlled - uncontrolled).abs().mean() > 0.5 * effect
 
 
-def test_a_flow_model_runs_through_the_cache_too(caplog):
+@pytest.mark.parametrize("method", STEP_CACHE_METHODS)
+def test_a_flow_model_runs_through_the_cache_too(caplog, method):
     """Flux's sampling (CONST: the input as is, sigmas in [0, 1], guidance-distilled: one cond, no CFG),
     ComfyUI's own Flux classes scaled down: threshold 0 is the uncached image, skips keep it finite."""
     import comfy.model_base
@@ -188,8 +194,8 @@ def test_a_flow_model_runs_through_the_cache_too(caplog):
 
     reference = run(flux)
     with caplog.at_level(logging.INFO, logger="kiln"):
-        exact = run(step_cache(flux, threshold=0.0)[0])
-        cached = run(step_cache(flux, threshold=10.0, start_percent=0.2)[0])
+        exact = run(step_cache(flux, method=method, threshold=0.0)[0])
+        cached = run(step_cache(flux, method=method, threshold=10.0, start_percent=0.2)[0])
     assert torch.equal(exact, reference)
     runs = patterns(caplog.records)
     assert runs[0] == "C" * STEPS and "s" in runs[1] and len(runs[1]) == STEPS, runs

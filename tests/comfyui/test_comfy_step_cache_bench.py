@@ -19,13 +19,15 @@ if not digits_unet.cache_path().exists():
     pytest.importorskip("sklearn", reason="the digits denoiser is not trained yet and scikit-learn is missing")
 
 
-def test_one_seed_of_the_side_by_side():
+def test_one_seed_of_the_eager_side_by_side():
     with torch.inference_mode():
-        result = step_cache_comfy.run(seeds=1, log=lambda msg: None)
-    rows = {(r["steps"], r["cache"], r["threshold"]): r for r in result["rows"]}
+        result = step_cache_comfy.run(seeds=1, groups=("eager",), log=lambda msg: None)
+    rows = {(r["steps"], r["setting"]): r for r in result["rows"]}
     for steps in step_cache_comfy.STEP_COUNTS:
-        assert rows[(steps, "no cache", None)]["calls"] == steps
-        kiln = rows[(steps, "kiln", 0.05)]
-        assert kiln["psnr_min"] >= 30 and kiln["calls"] <= steps / 1.6, kiln
-        if (steps, "easycache", 0.2) in rows:  # core's EasyCache, where this ComfyUI has it, skips too
-            assert rows[(steps, "easycache", 0.2)]["calls"] < steps
+        assert rows[(steps, "no cache")]["calls"] == steps
+        for setting in ("kiln reuse 0.05", "kiln first_block 0.15"):   # each method's default
+            row = rows[(steps, setting)]
+            assert row["psnr_min"] >= 30 and row["ssim_min"] > 0.9 and row["calls"] <= steps / 1.6, row
+        if (steps, "easycache 0.2") in rows:  # core's EasyCache, where this ComfyUI has it, skips too
+            assert rows[(steps, "easycache 0.2")]["calls"] < steps
+    assert all(r["group"] == "eager" and r["seconds"] > 0 for r in result["rows"])

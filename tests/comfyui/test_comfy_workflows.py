@@ -258,3 +258,20 @@ def test_an_sd15_workflow_runs_and_gives_the_image_it_gives_without_kiln(server,
     mse = ((kiln_image - eager_image) ** 2).mean()
     assert mse == 0 or 10 * np.log10(255 ** 2 / mse) >= 40, f"{stem}: PSNR {10 * np.log10(255 ** 2 / mse):.1f} dB"
 
+
+
+@pytest.mark.slow
+def test_the_step_cache_server_bench_runs_every_setting_the_server_has(server, tmp_path):
+    """benchmarks/step_cache_server.py must not rot: one seed, 4 steps, on the random checkpoint (its
+    images say nothing of quality; the digits checkpoint's do)."""
+    from kiln.benchmarks import step_cache_server
+
+    url, object_info, _ = server
+    client = ComfyClient(url, timeout=900)
+    result = step_cache_server.run(client, "v1-5-pruned-emaonly.safetensors", seeds=1, step_counts=(4,), mode="fast",
+                                   folder=tmp_path, log=lambda msg: None)
+    rows = {(r["group"], r["setting"]): r for r in result["rows"]}
+    assert list(rows) == [(g, s) for g, s, _ in step_cache_server.settings(object_info, "fast")]
+    assert rows[("kiln compile", "no cache")]["psnr_min"] >= 40   # Kiln's compile: the eager image
+    assert rows[("eager", "kiln reuse default")]["psnr_min"] > 0
+    assert all(r["seconds"] > 0 and 0 <= r["ssim_min"] <= 1.0 + 1e-6 for r in result["rows"])

@@ -5,7 +5,7 @@ import torch
 
 import kiln
 from kiln.compiler import CompileOptions, StepCache, StepCacheError, StepCacheOptions, compat, step_cached
-from kiln.compiler.first_block_probe import first_block_of, first_block_probed, residual
+from kiln.compiler.first_block_probe import first_block_of, first_block_probed, first_tensor_input, residual
 
 
 class Block(torch.nn.Module):
@@ -55,11 +55,29 @@ def test_the_first_block_is_found_in_model_order_and_a_model_without_blocks_is_r
 
 def test_the_residual_is_the_output_minus_the_input_it_updates():
     x, emb = torch.randn(2, 3), torch.randn(2, 5)
-    assert torch.equal(residual(x + 1, (emb,), {"x": x}), torch.ones(2, 3))
-    assert torch.equal(residual((x * 2, emb), (x,), {}), x)          # a tuple's first tensor
-    assert torch.equal(residual(emb, (x,), {}), emb)                  # a block that changes the width: its output
+    assert torch.equal(first_tensor_input((), {"x": x, "emb": emb}), x)
+    assert torch.equal(residual(x + 1, x), torch.ones(2, 3))
+    assert torch.equal(residual((x * 2, emb), x), x)                  # a tuple's first tensor
+    assert torch.equal(residual(emb, x), emb)                         # a block that changes the width: its output
     with pytest.raises(StepCacheError, match="returned str"):
-        residual("no tensor", (x,), {})
+        residual("no tensor", x)
+
+
+def test_a_block_that_updates_its_input_in_place_still_shows_its_residual():
+    """ComfyUI's Flux blocks add to `img` in place: the probe keeps a copy of the input."""
+    class InPlace(Block):
+        def forward(self, x, emb):
+            x += 0.5
+            return x
+
+    model = TinyDiT()
+    model.blocks[0] = InPlace(16)
+    cache, seen = StepCache(StepCacheOptions(**SKIPPING)), []
+    cache.probe = lambda r: seen.append(r)
+    cache._probing = ("state", False)   # as inside step() of method first_block
+    with first_block_probed(cache, model.blocks[0]):
+        model.blocks[0](torch.zeros(1, 2, 16), torch.zeros(1, 1, 16))
+    assert torch.equal(seen[0], torch.full((1, 2, 16), 0.5))
 
 
 def test_threshold_zero_computes_every_block_of_every_step_bit_for_bit():
@@ -121,11 +139,21 @@ def test_a_call_of_the_first_block_outside_a_step_is_ignored():
 def test_an_observed_block_keeps_a_route_installed_inside_and_both_are_put_back():
     block, seen = Block(4), []
     x, emb = torch.randn(1, 4), torch.zeros(1, 4)
-    with compat.calls_observed(block, lambda out, args, kwargs: seen.append("observed") or out * 0):
+    with compat.calls_observed(block, lambda args, kwargs: seen.append("before") or "token",
+                               lambda out, token: seen.append(token) or out * 0):
         with compat.calls_routed({block: lambda *a: seen.append("routed") or torch.ones(1, 4)}):
             assert torch.equal(block(x, emb), torch.zeros(1, 4))
-        assert seen == ["routed", "observed"]
+        assert seen == ["before", "routed", "token"]
         block(x, emb)
-        assert seen[-1] == "observed" and block.calls == 1
-    assert "_compiled_call_impl" not in block.__dict__ or block.__dict__["_compiled_call_impl"] is None
+        assert seen[-1] == "token" and block.calls == 1
+    assert block.__dict__.get("_compiled_call_impl") is None
     assert torch.equal(block(x, emb), x + 0.3 * torch.tanh(block.fc(block.norm(x))))
+
+
+def test_kiln_compile_takes_the_step_cache_and_stats_read_through_it():
+    model = kiln.compile(TinyDiT(), "fast", step_cache={"method": "first_block", "threshold": 0.5, "start_percent": 0.1})
+    assert isinstance(model, kiln.compiler.StepCachedModel) and model.cache.options.method == "first_block"
+    _run(model)
+    assert model.report().skipped > 0 and kiln.stats(model).compile_count > 0
+    with pytest.raises(kiln.compiler.OptionsError, match="step_cache=str"):
+        kiln.compile(TinyDiT(), "fast", step_cache="first_block")

@@ -1,0 +1,24 @@
+"""`kiln bench --step-cache` (benchmarks/step_cache_bench.py) must not rot: one seed, 20 steps, Kiln's
+fast compile. Needs the trained digits denoiser (cached, or scikit-learn to train it)."""
+import pytest
+
+from kiln.benchmarks import step_cache_bench
+from kiln.choices import STEP_CACHE_THRESHOLDS
+from kiln.testing import digits_unet
+
+pytestmark = pytest.mark.slow
+if not digits_unet.cache_path().exists():
+    pytest.importorskip("sklearn", reason="the digits denoiser is not trained yet and scikit-learn is missing")
+
+
+def test_one_seed_of_each_setting_eager_and_compiled():
+    result = step_cache_bench.run_step_cache_bench(seeds=1, step_counts=(20,), mode="fast", log=lambda msg: None)
+    rows = {(r["model"], r["method"], r["threshold"]): r for r in result["rows"]}
+    assert len(rows) == 2 * (1 + len(step_cache_bench.SETTINGS))
+    for model in ("eager", "kiln fast"):
+        assert rows[(model, None, None)]["computed"] == 20
+        for method, threshold in STEP_CACHE_THRESHOLDS.items():   # each method's default skips and stays near
+            row = rows[(model, method, threshold)]
+            assert row["computed"] <= 20 / 1.6 and row["psnr_min"] >= 30 and row["ssim_min"] > 0.95, row
+            assert row["seconds"] > 0 and len(row["pattern"]) == 20
+    assert step_cache_bench.format_row(rows[("eager", "reuse", 0.05)]).startswith(" 20 steps  eager")
