@@ -327,19 +327,15 @@ class ObservedCall:
 
     def __init__(self, module: torch.nn.Module, before: Callable, after: Callable, inner: Optional[Callable] = None):
         self.module = module
-        self.before, self.after = before, after
+        # never traced (TorchDynamo graph-breaks around them): an observer reads values and may end the
+        # call early by raising. Wrapped here, not at import: torch.compiler.disable loads TorchDynamo
+        self.before, self.after = torch.compiler.disable(before), torch.compiler.disable(after)
         self.inner = inner  # what ran the module's calls before (a route, nn.Module.compile's); None: its own call
 
     def __call__(self, *args, **kwargs):
-        seen = _observe(self.before, args, kwargs)
+        seen = self.before(args, kwargs)
         out = self.inner(*args, **kwargs) if self.inner is not None else call_module_body(self.module, *args, **kwargs)
-        return _observe(self.after, out, seen)
-
-
-@torch.compiler.disable
-def _observe(observer: Callable, *args):
-    # never traced: an observer reads values and may end the call early by raising
-    return observer(*args)
+        return self.after(out, seen)
 
 
 @contextlib.contextmanager

@@ -62,8 +62,9 @@ NOTES = {
                   "or the hint image does not recompile. Put your control image in LoadImage.",
     "step_cache": "Kiln › Step Cache skips the sampling steps whose model output would change little (late in "
                   "sampling), reusing the last computed step's; after each run it shows how many model calls it "
-                  "computed and skipped. threshold 0 never skips; higher skips more and drifts further from the "
-                  "uncached image. A new threshold does not recompile.",
+                  "computed and skipped. threshold -1 is the method's default, 0 never skips; higher skips more "
+                  "and drifts further from the uncached image. method first_block decides by the model's first "
+                  "block (run every step). A new threshold does not recompile.",
     "img2img": "img2img at a second resolution: the image is scaled to {second}, encoded by the compiled VAE "
                "(Kiln › Compile VAE, decode and encode) and denoised at 0.6. The UNet graph compiled for txt2img "
                "serves this size too (dynamic resolution).",
