@@ -21,25 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import sys
 import time
 
 import torch
 
+from ..testing.comfyui_path import import_comfyui
+
 KILN_THRESHOLDS = {"reuse": (0.03, 0.05, 0.08), "first_block": (0.1, 0.15, 0.2)}
 EASYCACHE_THRESHOLDS = (0.05, 0.1, 0.2)   # core's default is 0.2
 STEP_COUNTS = (20, 30)
-
-
-def _comfy():
-    path = os.environ.get("COMFYUI_PATH")
-    if not path or not os.path.isdir(os.path.join(path, "comfy")):
-        raise SystemExit("set COMFYUI_PATH to a ComfyUI tree and run this with its Python")
-    sys.path.insert(0, path)
-    import comfy.cli_args
-
-    comfy.cli_args.args.cpu = True  # what `main.py --cpu` sets, before model_management reads it
 
 
 class DigitsDiffusionModel(torch.nn.Module):
@@ -123,7 +113,7 @@ def _settings(base, log) -> list[tuple[str, str, object]]:
 
 
 def run(seeds: int = 8, step_counts=STEP_COUNTS, groups=("eager", "kiln compile", "core compile"), log=print) -> dict:
-    _comfy()
+    import_comfyui()
     import comfy.sample
 
     from ..testing import digits_unet

@@ -9,7 +9,7 @@ The prompts are the example workflow workflows/api/kiln_sd15_step_cache_api.json
 model chain rebuilt per setting, in three groups as in step_cache_comfy.py:
 - eager: no cache; Kiln › Step Cache, each method at its default and one more threshold; core's
   EasyCache at 0.05 and its default;
-- Kiln › Compile UNet: no cache; Kiln › Step Cache, each method at its default;
+- Kiln › Compile UNet: no cache; Kiln › Step Cache, each method at its default and one more threshold;
 - core's TorchCompileModel: no cache; core's EasyCache at 0.05 and its default.
 Each prompt's text is encoded once before any timing; each setting runs one untimed prompt first (it
 pays the compiles; reported as warm-up), then one prompt per seed. Per setting: PSNR and SSIM of each image against the eager uncached image of the same seed,
@@ -36,7 +36,7 @@ WORKFLOW = Path(__file__).parents[1] / "workflows" / "api" / "kiln_sd15_step_cac
 CHECKPOINT, COMPILE, CACHE, POSITIVE, NEGATIVE, LATENT, SAMPLER, SAVE = "1", "2", "3", "4", "5", "6", "7", "9"
 SIZE = 64                  # the digits' latents are 8x8
 EASYCACHE_THRESHOLDS = (0.05, 0.2)   # 0.2: core's default
-MORE_THRESHOLDS = (("reuse", 0.03), ("first_block", 0.2))   # eager: each method beside its default
+MORE_THRESHOLDS = (("reuse", 0.03), ("first_block", 0.2))   # each method beside its default
 
 
 def settings(object_info: dict, mode: str) -> list[tuple[str, str, list[dict]]]:
@@ -61,6 +61,7 @@ def settings(object_info: dict, mode: str) -> list[tuple[str, str, list[dict]]]:
     rows += [("eager", f"easycache {t:g}", [easycache(t)]) for t in EASYCACHE_THRESHOLDS]
     rows += [("kiln compile", "no cache", [kiln_compile])]
     rows += [("kiln compile", f"kiln {m} default", [kiln_compile, kiln_cache(m)]) for m in methods]
+    rows += [("kiln compile", f"kiln {m} {t:g}", [kiln_compile, kiln_cache(m, t)]) for m, t in MORE_THRESHOLDS]
     rows += [("core compile", "no cache", [core_compile])]
     rows += [("core compile", f"easycache {t:g}", [core_compile, easycache(t)]) for t in EASYCACHE_THRESHOLDS]
     return [row for row in rows if all(node["class_type"] in object_info for node in row[2])]

@@ -20,8 +20,8 @@ from .first_block_probe import first_block_of, first_block_probed
 from .step_cache import StepCache, StepCacheError, StepCacheOptions, StepCacheReport
 from .step_cached_model import StepCachedModel, step_cached
 
-__all__ = ["compile", "stats", "first_block_of", "first_block_probed", "StepCache", "StepCacheError", "StepCacheOptions", "StepCacheReport", "StepCachedModel",
-           "step_cached", "CompileOptions", "OptionsError", "ShapePolicyError", "KilnUnavailable", "KilnStats",
+__all__ = ["compile", "stats", "first_block_of", "first_block_probed", "StepCache", "StepCacheError", "StepCacheOptions",
+           "StepCacheReport", "StepCachedModel", "step_cached", "CompileOptions", "OptionsError", "ShapePolicyError", "KilnUnavailable", "KilnStats",
            "GraphCompile", "KilnModel", "MethodModule", "method_module", "label_of", "KilnPlan", "model_for", "unavailable_reason", "kernel_note",
            "build_options", "parse_expert_options", "MODES", "LOWERINGS", "Lowering", "PASS_NAMES",
            "quantize", "quant_report", "QuantizeOptions", "QuantReport", "LayerPolicy", "parse_policy", "QuantizeError",

@@ -1,12 +1,13 @@
 """The first block's residual, for the step cache's method first_block (compiler/step_cache.py).
 
-`first_block_probed(cache, model)` observes the first of the model's blocks (compiler/blocks.py's
-walk, in model order: SD1.5's first ResBlock, Flux's first double block) for the duration of one
-model call and hands its residual, output minus input, to `cache.probe`, which may end the call there
-when the step is skipped. The observer sits where Kiln routes a block to its compiled region
-(compat.calls_observed): by blocks the region stays compiled and the probe runs in the eager glue
-after it; under a whole-model compile (core's compile node, `compile_unit: whole`) the graph breaks
-at the first block's output, and the rest of the model is compiled after the break.
+`first_block_of(model)` finds the first of the model's blocks (compiler/blocks.py's walk, in model
+order: SD1.5's first ResBlock, Flux's first double block); `first_block_probed(cache, block)`
+observes it for the duration of one model call and hands its residual, output minus input, to
+`cache.probe`, which may end the call there when the step is skipped. The observer sits where Kiln
+routes a block to its compiled region (compat.calls_observed): by blocks the region stays compiled
+and the probe runs in the eager glue after it. A model compiled whole (core's compile node, Kiln's
+`compile_unit: whole`) runs its blocks inside one graph, where nothing observes them: the step
+cache then refuses the call with what to do instead.
 """
 from __future__ import annotations
 

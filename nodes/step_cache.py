@@ -112,7 +112,9 @@ class StepCacheSampling:
             return executor(*args, **kwargs)
         model_sampling = executor.class_obj.model_sampling
         level = float(sigma.detach().float().max())
-        progress = float((self.sigmas[:-1] - level).abs().argmin()) / (len(self.sigmas) - 1)
+        step = int((self.sigmas[:-1] - level).abs().argmin())
+        # the run's last step always computes: its progress is 1, past any end_percent
+        progress = 1.0 if step == len(self.sigmas) - 2 else step / (len(self.sigmas) - 1)
         s = sigma.reshape(sigma.shape[:1] + (1,) * (x.dim() - 1)).to(x.dtype)
         computed = []
         probed = self._probed(executor.class_obj.diffusion_model) if self.cache.options.method == "first_block" else None

@@ -22,27 +22,17 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from . import digits_unet
+from .comfyui_path import import_comfyui
 
 VERSION = 1
 PROMPT = "a handwritten digit {}"     # {} is the digit; the unconditional branch is ""
 UNET_PREFIX = "model.diffusion_model."
-
-
-def _comfy():
-    path = os.environ.get("COMFYUI_PATH")
-    if not path or not os.path.isdir(os.path.join(path, "comfy")):
-        raise SystemExit("set COMFYUI_PATH to a ComfyUI tree and run this with its Python")
-    sys.path.insert(0, path)
-    import comfy.cli_args
-
-    comfy.cli_args.args.cpu = True  # what `main.py --cpu` sets, before model_management reads it
 
 
 def file_hash(path: Path) -> str:
@@ -98,7 +88,7 @@ def build(base: Path, steps: int, batch: int, lr: float, log=print) -> Path:
     target = cached_path(base)
     if target.exists():
         return target
-    _comfy()
+    import_comfyui()
     import comfy.sd
     from safetensors.torch import load_file, save_file
 

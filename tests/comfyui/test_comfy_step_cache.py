@@ -79,6 +79,14 @@ def test_skips_follow_the_settings_and_each_run_starts_fresh(base, caplog, metho
     assert torch.isfinite(first).all() and torch.isfinite(second).all()
 
 
+def test_the_last_step_computes_even_with_no_end_percent(base, caplog):
+    model, _ = step_cache(base, threshold=10.0, start_percent=0.0, end_percent=1.0, max_consecutive_skips=100)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        sample(model, steps=STEPS)
+    (run,) = patterns(caplog.records)
+    assert run[0] == "C" and run[-1] == "C" and "s" in run, run
+
+
 def test_denoise_below_one_runs_through_the_cache(base, caplog):
     model, _ = step_cache(base, threshold=10.0, start_percent=0.0)
     torch.manual_seed(0)
