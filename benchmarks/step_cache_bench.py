@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ..testing.image_quality import psnr, ssim
+from ..testing.image_quality import psnr, ssim, summary, summary_line
 
 SETTINGS = (("reuse", 0.03), ("reuse", 0.05), ("reuse", 0.08),          # around each method's default
             ("first_block", 0.1), ("first_block", 0.15), ("first_block", 0.2))
@@ -61,8 +61,7 @@ def run_step_cache_bench(seeds: int = 8, step_counts=STEP_COUNTS, settings=SETTI
                         quality.append((psnr(out, references[seed]), ssim(out, references[seed])))
                         computed += cached.report().computed
                     rows.append({"steps": steps, "model": name, "method": method, "threshold": threshold,
-                                 "psnr_min": min(q[0] for q in quality), "psnr_mean": sum(q[0] for q in quality) / seeds,
-                                 "ssim_min": min(q[1] for q in quality), "ssim_mean": sum(q[1] for q in quality) / seeds,
+                                 **summary(quality),
                                  "computed": computed / seeds, "seconds": seconds, "speedup": base_s / seconds,
                                  "pattern": cached.report().patterns.get("all", "")})
                 for row in rows[-len(settings) - 1:]:
@@ -72,8 +71,7 @@ def run_step_cache_bench(seeds: int = 8, step_counts=STEP_COUNTS, settings=SETTI
 
 def format_row(row: dict) -> str:
     setting = "no cache" if row["threshold"] is None else f"{row['method']} {row['threshold']:g}"
-    quality = "" if row["threshold"] is None else (f"PSNR {row['psnr_min']:5.1f} / {row['psnr_mean']:5.1f} dB  "
-                                                   f"SSIM {row['ssim_min']:.3f} / {row['ssim_mean']:.3f}  ")
+    quality = "" if row["threshold"] is None else summary_line(row) + "  "
     return (f"{row['steps']:>3} steps  {row['model']:<14} {setting:<17} {quality:<45}"
             f"computed {row['computed']:5.1f}  {row['speedup']:.2f}x wall-clock  {row.get('pattern', '')}")
 

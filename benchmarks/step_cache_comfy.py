@@ -26,6 +26,7 @@ import time
 import torch
 
 from ..testing.comfyui_path import import_comfyui
+from ..testing.image_quality import psnr, ssim, summary, summary_line
 
 KILN_THRESHOLDS = {"reuse": (0.03, 0.05, 0.08), "first_block": (0.1, 0.15, 0.2)}
 EASYCACHE_THRESHOLDS = (0.05, 0.1, 0.2)   # core's default is 0.2
@@ -117,7 +118,6 @@ def run(seeds: int = 8, step_counts=STEP_COUNTS, groups=("eager", "kiln compile"
     import comfy.sample
 
     from ..testing import digits_unet
-    from ..testing.image_quality import psnr, ssim
 
     denoiser = digits_unet.load_or_train(progress=lambda step, loss: log(f"  training: step {step}, loss {loss:.4f}"))
     base = comfy_model(denoiser)
@@ -152,8 +152,7 @@ def run(seeds: int = 8, step_counts=STEP_COUNTS, groups=("eager", "kiln compile"
                 uncached_s[group] = seconds
             quality = [(psnr(out, references[seed]), ssim(out, references[seed])) for seed, out in enumerate(outs)]
             row = {"steps": steps, "group": group, "setting": setting, "calls": calls / seeds,
-                   "psnr_min": min(q[0] for q in quality), "psnr_mean": sum(q[0] for q in quality) / seeds,
-                   "ssim_min": min(q[1] for q in quality), "ssim_mean": sum(q[1] for q in quality) / seeds,
+                   **summary(quality),
                    "seconds": seconds, "speedup": uncached_s[group] / seconds, "warmup_s": warmup}
             rows.append(row)
             log(format_row(row))
@@ -161,8 +160,7 @@ def run(seeds: int = 8, step_counts=STEP_COUNTS, groups=("eager", "kiln compile"
 
 
 def format_row(row: dict) -> str:
-    quality = ("the reference" if (row["group"], row["setting"]) == ("eager", "no cache") else
-               f"PSNR {row['psnr_min']:5.1f} / {row['psnr_mean']:5.1f} dB  SSIM {row['ssim_min']:.3f} / {row['ssim_mean']:.3f}")
+    quality = "the reference" if (row["group"], row["setting"]) == ("eager", "no cache") else summary_line(row)
     return (f"{row['steps']:>3} steps  {row['group']:<13} {row['setting']:<24} {quality:<44} "
             f"calls {row['calls']:5.1f}  {row['speedup']:.2f}x wall-clock ({row['seconds']:.2f} s; "
             f"warm-up {row['warmup_s']:.1f} s)")

@@ -29,7 +29,7 @@ import torch
 from ..choices import STEP_CACHE_METHODS
 from ..client.comfy import ComfyClient, output_images
 from ..testing.digits_checkpoint import PROMPT
-from ..testing.image_quality import ssim
+from ..testing.image_quality import ssim, summary, summary_line
 from ..testing.load_run import psnr, read_png
 
 WORKFLOW = Path(__file__).parents[1] / "workflows" / "api" / "kiln_sd15_step_cache_api.json"
@@ -131,17 +131,14 @@ def run(client: ComfyClient, checkpoint: str, seeds: int = 8, step_counts=(20, 3
             quality = [(psnr(png, references[s][0]), ssim(pixels, references[s][1]))
                        for s, (png, pixels) in enumerate(images)]
             row = {"steps": steps, "group": group, "setting": setting, "seconds": seconds,
-                   "speedup": uncached[group] / seconds, "warmup_s": warmup,
-                   "psnr_min": min(q[0] for q in quality), "psnr_mean": sum(q[0] for q in quality) / seeds,
-                   "ssim_min": min(q[1] for q in quality), "ssim_mean": sum(q[1] for q in quality) / seeds}
+                   "speedup": uncached[group] / seconds, "warmup_s": warmup, **summary(quality)}
             rows.append(row)
             log(format_row(row))
     return {"seeds": seeds, "checkpoint": checkpoint, "mode": mode, "rows": rows}
 
 
 def format_row(row: dict) -> str:
-    quality = ("the reference" if (row["group"], row["setting"]) == ("eager", "no cache") else
-               f"PSNR {row['psnr_min']:5.1f} / {row['psnr_mean']:5.1f} dB  SSIM {row['ssim_min']:.3f} / {row['ssim_mean']:.3f}")
+    quality = "the reference" if (row["group"], row["setting"]) == ("eager", "no cache") else summary_line(row)
     return (f"{row['steps']:>3} steps  {row['group']:<13} {row['setting']:<24} {quality:<44} "
             f"{row['speedup']:.2f}x ({row['seconds']:.2f} s; warm-up {row['warmup_s']:.1f} s)")
 

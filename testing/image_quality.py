@@ -38,3 +38,16 @@ def ssim(out: torch.Tensor, ref: torch.Tensor, sigma: float = 1.5) -> float:
     c1, c2 = (0.01 * peak) ** 2, (0.03 * peak) ** 2
     index = ((2 * mu_x * mu_y + c1) * (2 * cov + c2)) / ((mu_x ** 2 + mu_y ** 2 + c1) * (var_x + var_y + c2))
     return index.mean().item()
+
+
+def summary(quality: list[tuple[float, float]]) -> dict:
+    """{psnr_min, psnr_mean, ssim_min, ssim_mean} of (PSNR, SSIM) pairs, one per image: a bench row's quality."""
+    psnrs, ssims = [q[0] for q in quality], [q[1] for q in quality]
+    return {"psnr_min": min(psnrs), "psnr_mean": sum(psnrs) / len(psnrs),
+            "ssim_min": min(ssims), "ssim_mean": sum(ssims) / len(ssims)}
+
+
+def summary_line(row: dict) -> str:
+    """'PSNR 30.9 / 36.4 dB  SSIM 0.955 / 0.985': worst / mean, from `summary`'s keys."""
+    return (f"PSNR {row['psnr_min']:5.1f} / {row['psnr_mean']:5.1f} dB  "
+            f"SSIM {row['ssim_min']:.3f} / {row['ssim_mean']:.3f}")

@@ -1,5 +1,7 @@
 """The step cache's method first_block (compiler/first_block_probe.py, compiler/step_cache.py): the first
 block's residual decides, a skipped step ends the model call there, eagerly and compiled alike."""
+import types
+
 import pytest
 import torch
 
@@ -70,13 +72,10 @@ def test_a_block_that_updates_its_input_in_place_still_shows_its_residual():
             x += 0.5
             return x
 
-    model = TinyDiT()
-    model.blocks[0] = InPlace(16)
-    cache, seen = StepCache(StepCacheOptions(**SKIPPING)), []
-    cache.probe = lambda r: seen.append(r)
-    cache._probing = ("state", False)   # as inside step() of method first_block
-    with first_block_probed(cache, model.blocks[0]):
-        model.blocks[0](torch.zeros(1, 2, 16), torch.zeros(1, 1, 16))
+    block, seen = InPlace(16), []
+    waiting = types.SimpleNamespace(probing=True, probe=seen.append)   # a cache inside a first_block step
+    with first_block_probed(waiting, block):
+        block(torch.zeros(1, 2, 16), torch.zeros(1, 1, 16))
     assert torch.equal(seen[0], torch.full((1, 2, 16), 0.5))
 
 

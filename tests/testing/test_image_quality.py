@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from kiln.testing.image_quality import psnr, ssim
+from kiln.testing.image_quality import psnr, ssim, summary, summary_line
 
 
 def test_psnr_is_infinite_for_equal_images_and_follows_the_mse():
@@ -30,3 +30,9 @@ def test_ssim_of_flat_images_is_its_luminance_term():
 def test_ssim_refuses_mismatched_shapes():
     with pytest.raises(ValueError, match=r"shapes \(1, 8, 8\) and \(1, 8, 9\)"):
         ssim(torch.zeros(1, 8, 8), torch.zeros(1, 8, 9))
+
+
+def test_a_summary_is_the_worst_and_the_mean_of_each_measure():
+    row = summary([(30.0, 0.9), (40.0, 0.99), (35.0, 0.96)])
+    assert row == pytest.approx({"psnr_min": 30.0, "psnr_mean": 35.0, "ssim_min": 0.9, "ssim_mean": 0.95})
+    assert summary_line(row) == "PSNR  30.0 /  35.0 dB  SSIM 0.900 / 0.950"
