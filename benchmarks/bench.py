@@ -40,7 +40,7 @@ class Row:
     error: Optional[str] = None
 
 
-def _variants(module, modes: list[str], dynamic, units=("auto",)) -> dict[str, Callable]:
+def _variants(module, modes: list[str], dynamic, units=("auto",), all_regions: bool = False) -> dict[str, Callable]:
     from .. import compiler as kiln
 
     variants = {"eager": module, "torch.compile": torch.compile(own_code(module, "torch_compile"), dynamic=dynamic)}
@@ -53,6 +53,9 @@ def _variants(module, modes: list[str], dynamic, units=("auto",)) -> dict[str, C
             options = kiln.CompileOptions(mode=mode, dynamic=dynamic, compile_unit=unit)
             name = f"kiln {mode}" + ("" if unit == "auto" else f" {unit}")
             variants[name] = kiln.compile(own_code(module, f"kiln_{mode}_{unit}"), options=options)
+            if all_regions and unit != "whole":  # beside the measured choice: every region with something to fuse
+                variants[f"{name} all regions"] = kiln.compile(own_code(module, f"kiln_{mode}_{unit}_all"),
+                                                               options=options.replace(measure_regions=False))
     return variants
 
 
@@ -62,7 +65,7 @@ def _blocks_note(info) -> str:
 
 def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype: str = "fp32", batch: int = 2,
               modes=("balanced",), rounds: int = 8, steps: int = 3, dynamic=None, log=print,
-              units=("auto",)) -> dict:
+              units=("auto",), all_regions: bool = False) -> dict:
     from .. import compiler as kiln
     from ..compiler.compat import fresh_inductor_cache, inductor_cache_hits
 
@@ -75,7 +78,7 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
     calls: dict[str, Callable] = {}
     with torch.inference_mode():
         reference = None
-        for name, fn in _variants(module, list(modes), dynamic, tuple(units)).items():
+        for name, fn in _variants(module, list(modes), dynamic, tuple(units), all_regions).items():
             row = rows[name] = Row(name)
             try:
                 sync(device)
@@ -144,6 +147,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "rows; with --shapes: balanced; there, MODE+pin also pins the sequence's first shape)")
     parser.add_argument("--units", default="auto", help="comma-separated compile units, a Kiln row per mode and unit "
                         f"({', '.join(COMPILE_UNITS)}; default auto: blocks where the model repeats them)")
+    parser.add_argument("--all-regions", action="store_true", help="also a Kiln row per mode and unit with every "
+                        "region compiled (measure_regions off), beside the default that keeps a region compiled only "
+                        "where it measures faster")
     parser.add_argument("--shapes", action="store_true", help="instead: the cost of a sequence of new batch sizes and "
                         "resolutions, against torch.compile dynamic=None and dynamic=True")
     parser.add_argument("--quant", action="store_true", help="instead: each quantization scheme's weight memory, time per "
@@ -184,7 +190,7 @@ def main(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
     result = run_bench(args.model, size, args.device, dtype, args.batch, [m for m in (args.modes or "balanced").split(",") if m],
                        args.rounds, args.steps, log=lambda msg: print(msg, file=sys.stderr, flush=True),
-                       units=[u for u in args.units.split(",") if u])
+                       units=[u for u in args.units.split(",") if u], all_regions=args.all_regions)
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:

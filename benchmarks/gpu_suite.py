@@ -70,6 +70,8 @@ VARIANTS: dict[str, Callable] = {
     # by blocks (the default) vs the whole model as one graph: first compile and speed, with and without CUDA graphs
     "kiln balanced whole": lambda m: _kiln(m, "balanced", unit="whole"),
     "kiln balanced whole + cudagraphs": lambda m: _kiln(m, "balanced", cuda_graphs=True, unit="whole"),
+    # by blocks with every region compiled, beside the default that keeps a region compiled only where it measures faster
+    "kiln balanced all regions": lambda m: _kiln(m, "balanced", measure=False),
     # the same without Kiln's Triton kernels: what they add over Inductor's own fusion, in one run
     "kiln balanced without kiln kernels": lambda m: _kiln(m, "balanced", kernels=False),
     "kiln fast without kiln kernels": lambda m: _kiln(m, "fast", kernels=False),
@@ -87,12 +89,12 @@ QUANT_SPEEDUP, QUANT_WEIGHT_FRACTION = 1.3, 0.55
 KERNEL_PASSES = tuple(p.name for p in PASSES if p.kernel_op)
 
 
-def _kiln(module, mode, cuda_graphs: bool = False, kernels: bool = True, unit: str = "auto"):
+def _kiln(module, mode, cuda_graphs: bool = False, kernels: bool = True, unit: str = "auto", measure: bool = True):
     from .. import compiler
 
     passes = {} if kernels else {name: "off" for name in KERNEL_PASSES}
     return compiler.compile(module, options=compiler.CompileOptions(mode=mode, cuda_graphs=cuda_graphs, passes=passes,
-                                                                    compile_unit=unit))
+                                                                    compile_unit=unit, measure_regions=measure))
 
 
 def _quantized(module, scheme):

@@ -47,6 +47,15 @@ def _user_input_shapes(gm: torch.fx.GraphModule) -> list[list]:
     return shapes
 
 
+# options that never change how a captured graph is lowered: left out of its cache key
+NOT_LOWERING = ("shapes", "compile_unit", "measure_regions")
+
+
+def lowering_options(options: CompileOptions) -> dict:
+    """The options that decide a graph's lowering, as plain data (a cache key's "options" field)."""
+    return {name: value for name, value in options.as_dict().items() if name not in NOT_LOWERING}
+
+
 class KilnBackend:
     """A TorchDynamo backend bound to one model's options and stats.
 
@@ -185,7 +194,7 @@ class KilnBackend:
 
         lowering = self.options.lowering
         index = len(self.stats.compiles)
-        idle = nothing_to_fuse(gm) if self._may_keep_eager(device) else None
+        idle = nothing_to_fuse(gm) if self.may_keep_eager(device) else None
         if idle is not None:
             return self._keep_eager(gm, idle, reason, breaks, capture, start, index)
         graph = graph_hash(gm, compat.is_weight) if self._caching() else ""  # the captured structure, before the passes
@@ -205,8 +214,7 @@ class KilnBackend:
         def lower(graph_module, args, label):
             if not self._caching():
                 return lowering.lower(graph_module, args, self.options, device, cache_tag)
-            options = {name: value for name, value in self.options.as_dict().items()
-                       if name not in ("shapes", "compile_unit")}  # neither changes a graph's lowering
+            options = lowering_options(self.options)
             fields = entry_fields(graph, args, options, self.options.shapes.as_dict(), device,
                                   f"{self.label} {label}")
             compiled, name, event = self.cache.lower(
@@ -243,7 +251,7 @@ class KilnBackend:
                                self.stats, record.index, record.capture_seconds + record.seconds, self.report,
                                compile_pinned=dynamic and self.calls == 0, cuda_graphs=budget)
 
-    def _may_keep_eager(self, device: str) -> bool:
+    def may_keep_eager(self, device: str) -> bool:
         """Only a region's graph may stay eager for having nothing to fuse, and only where lowering
         would not make its library ops faster: no autotuning (it may pick a generated convolution) and
         no CUDA graphs (which pay on any graph: fewer launches). In mode fast the graph would run as

@@ -50,6 +50,7 @@ class Region:
     index: int
     name: str                    # "ResnetBlock2D#2": the class, and which of its distinct shapes
     members: tuple[str, ...]     # "down_blocks.0.resnets.0", ...
+    signature: str = ""          # what its blocks share (signature()): keys what is kept of it across starts
 
     def line(self) -> str:
         shown = ", ".join(self.members[:3]) + (f", ... ({len(self.members)} blocks)" if len(self.members) > 3 else "")
@@ -140,7 +141,8 @@ def regions_of(model: torch.nn.Module) -> list[tuple[Region, list[torch.nn.Modul
     for index, members in enumerate(groups.values()):
         cls = type(members[0][1]).__name__
         per_class[cls] += 1
-        region = Region(index=index, name=f"{cls}#{per_class[cls]}", members=tuple(p for p, _ in members))
+        region = Region(index=index, name=f"{cls}#{per_class[cls]}", members=tuple(p for p, _ in members),
+                        signature=signatures.get(members[0][1]) or signature(members[0][1]))
         regions.append((region, [b for _, b in members]))
     return regions
 

@@ -286,6 +286,12 @@ def call_module_body(module: torch.nn.Module, *args, **kwargs):
     return module._call_impl(*args, **kwargs)
 
 
+def has_forward_hooks(module: torch.nn.Module) -> bool:
+    """`module` itself has forward or forward-pre hooks (`Module._forward_hooks` /
+    `_forward_pre_hooks`; checked: torch 2.5 - 2.14)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
 def own_code(function, name: str):
     """A copy of `function` with a code object of its own, named `name`. TorchDynamo keeps compiled
     graphs and counts its recompile limit per code object (checked: torch 2.5 - 2.14): compiling a copy

@@ -47,6 +47,8 @@ class CompileOptions:
         compiles the whole model.
     compile_unit: "auto" | "blocks" | "whole" (COMPILE_UNITS, compiler/blocks.py): compile each
         distinct block once and share it between identical blocks, or the whole model as one graph.
+    measure_regions: by blocks, time each region's first call compiled and eagerly and keep the
+        faster (compiler/region_choice.py); false keeps every region with something to fuse compiled.
     """
 
     mode: str = "balanced"
@@ -57,6 +59,7 @@ class CompileOptions:
     inductor: Mapping[str, Any] = field(default_factory=dict)
     shapes: ShapePolicy = field(default_factory=ShapePolicy)
     compile_unit: str = "auto"
+    measure_regions: bool = True
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -65,7 +68,7 @@ class CompileOptions:
             raise OptionsError(f"compile_unit={shorten(self.compile_unit)}: use one of {', '.join(COMPILE_UNITS)}")
         if not (self.dynamic is None or isinstance(self.dynamic, bool)):
             raise OptionsError(f"dynamic={shorten(self.dynamic)}: use true, false or null (let TorchDynamo decide)")
-        for key in ("cuda_graphs", "fullgraph"):
+        for key in ("cuda_graphs", "fullgraph", "measure_regions"):
             if not isinstance(getattr(self, key), bool):
                 raise OptionsError(f"{key}={shorten(getattr(self, key))}: use true or false")
         object.__setattr__(self, "passes", _pass_switches(self.passes))
@@ -114,6 +117,7 @@ class CompileOptions:
             "inductor": dict(self.inductor),
             "shapes": self.shapes.as_dict(),
             "compile_unit": self.compile_unit,
+            "measure_regions": self.measure_regions,
         }
 
 

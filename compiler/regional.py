@@ -22,6 +22,11 @@ and a convolution: compiler/fusible.py) runs its first call as captured and its 
 then on (`stats.regions_eager`, with the reason): lowering it would cost a build and gain nothing,
 and every call of a compiled block pays TorchDynamo's entry and guards (~0.1 ms on a CPU).
 
+A region with something to fuse is timed on its first call, right after it compiled, compiled and
+eagerly on copies of the same inputs, and stays compiled only where that is faster
+(compiler/region_choice.py): on a CPU most of SD1.5's ResNet blocks are not. The choice is kept in
+Kiln's cache, so a later start never captures a region measured slower.
+
 Per region, as the whole model has it: the first call compiles (with the region named in the
 progress, the log and the stats); a failed compile sends that region, and only it, to eager with the
 reason logged and kept (`stats.region_fallbacks`); a cancel from the progress callback propagates
@@ -35,10 +40,10 @@ from typing import Optional
 
 import torch
 
-from . import compat
-from .backend import KilnBackend
+from . import compat, region_choice
+from .backend import KilnBackend, lowering_options
 from .blocks import Region
-from .cache import GraphCache
+from .cache import GraphCache, choice_fields
 from .cuda_graph_budget import CudaGraphBudget
 from .options import CompileOptions
 from .passes import Progress
@@ -56,7 +61,10 @@ class CompiledRegion:
         self.region = region
         self.stats = stats
         self.label = label
+        self.options = options
+        self.cache = cache
         self.fallback: Optional[str] = None
+        self.decided = False  # compiled or eager was measured, or read from the cache: not measured again
         entry = compat.own_code(compat.call_module_body, f"kiln_{label}_{region.name}".replace(".", "_").replace("#", "_"))
         self.code = entry.__code__
         self.backend = KilnBackend(options, stats, code=self.code, cache=cache, label=f"{label} {region.name}",
@@ -75,6 +83,19 @@ class CompiledRegion:
         if self.fallback is not None or self.backend.kept_eager is not None:
             return compat.call_module_body(block, *args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
+        first = self.backend.graphs == 0
+        if first and not self.decided and self._eager_by_stored_choice(args, kwargs):
+            self._say_if_nothing_compiled()
+            return compat.call_module_body(block, *args, **kwargs)
+        out = self._run_compiled(block, args, kwargs)
+        if first and not self.decided and self.backend.graphs == 1 and self.backend.kept_eager is None:
+            self._measure(block, args, kwargs)
+        if self.backend.kept_eager is not None:  # decided in this call: the last region compiled may be gone
+            self._say_if_nothing_compiled()
+        return out
+
+    def _run_compiled(self, block: torch.nn.Module, args: tuple, kwargs: dict):
+        """One call of `block` through the region's compiled entry, with everything around it."""
         if self.mark_sizes:
             for value in (*args, *kwargs.values()):
                 if isinstance(value, torch.Tensor):
@@ -84,10 +105,75 @@ class CompiledRegion:
             with positions_hidden(args, kwargs) as (given_args, given_kwargs):
                 return self.compiled(block, *given_args, **given_kwargs)
 
-        out = self.backend.run(call, lambda: compat.call_module_body(block, *args, **kwargs), self._fall_back)
-        if self.backend.kept_eager is not None:  # decided in this call: the last region compiled may be gone
-            self._say_if_nothing_compiled()
-        return out
+        return self.backend.run(call, lambda: compat.call_module_body(block, *args, **kwargs), self._fall_back)
+
+    # ---- compiled or eager, by measurement (compiler/region_choice.py) -------------------------
+
+    def _may_measure(self, args: tuple, kwargs: dict) -> Optional[str]:
+        """The device the region runs on when its choice may be measured (and kept); else None."""
+        device = _device_of(args, kwargs)
+        return device if self.options.measure_regions and self.backend.may_keep_eager(device) else None
+
+    def _measure(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """Right after the region's first graph compiled: time the call compiled and eagerly, keep the
+        faster, and store the choice in the cache for later starts."""
+        self.decided = True
+        device = self._may_measure(args, kwargs)
+        if device is None or self.fallback is not None:
+            return
+        patched = any(isinstance(v, dict) and "block" in v and _patches_read_position(v)
+                      for v in (*args, *kwargs.values()))
+        why_not = region_choice.why_not_measured(block, patched)
+        if why_not:
+            log.info("Kiln: %s: region %s is not measured against eager (%s); it stays compiled",
+                     self.label, self.region.name, why_not)
+            return
+        graphs = self.backend.graphs
+        timing = region_choice.time_both(lambda a, k: self._run_compiled(block, a, k),
+                                         lambda a, k: compat.call_module_body(block, *a, **k), args, kwargs, device)
+        if self.backend.graphs != graphs or self.fallback is not None:
+            log.info("Kiln: %s: region %s compiled again while being measured; it stays compiled",
+                     self.label, self.region.name)
+            return
+        self._decide(timing, "")
+        if self.cache is not None:
+            self.cache.write_record(self._choice_fields(args, kwargs, device), region_choice.CHOICE_FILE,
+                                    timing.to_bytes())
+
+    def _eager_by_stored_choice(self, args: tuple, kwargs: dict) -> bool:
+        """Before the region's first capture: whether Kiln's cache holds a choice measured for these
+        inputs here before, and it says eager (then nothing is captured)."""
+        device = self._may_measure(args, kwargs) if self.cache is not None else None
+        if device is None:
+            return False
+        data = self.cache.read_record(self._choice_fields(args, kwargs, device), region_choice.CHOICE_FILE)
+        if data is None:
+            return False
+        try:
+            timing = region_choice.RegionTiming.from_bytes(data, f"the stored choice of region {self.region.name}")
+        except ValueError as exc:
+            log.warning("Kiln: %s: ignored %s; the region is measured again", self.label, exc)
+            return False
+        self.decided = True
+        self._decide(timing, " (measured before, from Kiln's cache)")
+        if self.backend.kept_eager is None:
+            return False
+        self.backend.report(f"kept eager: {self.backend.kept_eager}", 1, 1)
+        return True
+
+    def _decide(self, timing: region_choice.RegionTiming, source: str) -> None:
+        self.stats.region_timings[self.region.name] = timing
+        why = timing.reason()
+        if why:
+            self.backend.kept_eager = why + source
+            self.stats.regions_eager[self.region.name] = why + source
+            log.info("Kiln: %s: region %s runs eagerly: %s", self.label, self.region.name, why + source)
+        else:
+            log.info("Kiln: %s: region %s stays compiled: %s%s", self.label, self.region.name, timing.line(), source)
+
+    def _choice_fields(self, args: tuple, kwargs: dict, device: str) -> dict:
+        return choice_fields(self.region.signature, (*args, *kwargs.values()), lowering_options(self.options), device,
+                             f"{self.label} {self.region.name} choice")
 
     def _fall_back(self, reason: str, exc: BaseException) -> None:
         self.fallback = reason
@@ -105,7 +191,7 @@ class CompiledRegion:
         failures = stats.region_fallbacks
         if stats.fallback is None and failures and len(failures) + len(stats.regions_eager) >= len(stats.regions):
             name, reason = next(reversed(failures.items()))
-            kept = f", {len(stats.regions_eager)} have nothing to fuse" if stats.regions_eager else ""
+            kept = f", {len(stats.regions_eager)} run eagerly by choice" if stats.regions_eager else ""
             stats.fallback = (f"no block region is compiled: {len(failures)} failed{kept} "
                               f"(the last to fail, {name}: {reason})")
             log.error("Kiln: %s -- %s runs eagerly from now on", stats.fallback, self.label)
@@ -195,6 +281,13 @@ class RegionalCompile:
         self.progress.callback = progress
         with compat.calls_routed(self._routes), compat.no_duck_sizing(), compat.recompile_limit_at_least(self.budget):
             yield
+
+
+def _device_of(args: tuple, kwargs: dict) -> str:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.device.type
+    return "cpu"
 
 
 def _route(compiled: CompiledRegion, block: torch.nn.Module):

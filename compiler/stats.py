@@ -70,7 +70,8 @@ class KilnStats:
     cache: list = field(default_factory=list)  # CacheEvents (compiler/cache): hit or miss per lowering, and why
     regions: list = field(default_factory=list)  # compiled by blocks: the Regions (compiler/blocks.py); [] for whole
     region_fallbacks: dict = field(default_factory=dict)  # region name -> why its compile failed (its blocks run eagerly)
-    regions_eager: dict = field(default_factory=dict)  # region name -> why compiling it gains nothing (it runs eagerly)
+    regions_eager: dict = field(default_factory=dict)  # region name -> why it runs eagerly by choice (nothing to fuse, measured slower)
+    region_timings: dict = field(default_factory=dict)  # region name -> RegionTiming: its first call, compiled and eager
 
     @property
     def compile_count(self) -> int:
@@ -88,15 +89,21 @@ class KilnStats:
         return [c for c in self.compiles if c.reason.startswith("recompile")]
 
     def units_line(self) -> str:
-        """'44 blocks in 21 regions (one compiled code each), 21 graph(s), 5 regions eager (nothing for
-        Inductor to fuse)'; "" for a whole-model compile."""
+        """'44 blocks in 21 regions (one compiled code each), 21 graph(s), 5 region(s) eager by choice
+        (nothing to fuse, or measured no faster compiled)'; "" for a whole-model compile."""
         if not self.regions:
             return ""
         blocks = sum(len(region.members) for region in self.regions)
         line = f"{blocks} blocks in {len(self.regions)} regions (one compiled code each), {self.compile_count} graph(s)"
         if self.regions_eager:
-            line += f", {len(self.regions_eager)} region(s) eager (nothing for Inductor to fuse)"
+            line += f", {len(self.regions_eager)} region(s) eager by choice ({self._eager_kinds()})"
         return line
+
+    def _eager_kinds(self) -> str:
+        measured = sum(name in self.region_timings for name in self.regions_eager)
+        kinds = [f"{len(self.regions_eager) - measured} nothing to fuse" if measured < len(self.regions_eager) else "",
+                 f"{measured} measured no faster compiled" if measured else ""]
+        return ", ".join(kind for kind in kinds if kind)
 
     def variant_counts(self) -> dict[str, int]:
         """How each shape signature was served: {"compiled": n, "reused": n, "specialised": n}."""
@@ -118,6 +125,8 @@ class KilnStats:
             lines.append(f"RUNNING EAGER: {self.fallback}")
         lines += [f"REGION {name} RUNS EAGER: {why}" for name, why in self.region_fallbacks.items()]
         lines += [f"  region {name} runs eagerly by choice: {why}" for name, why in self.regions_eager.items()]
+        lines += [f"  region {name} stays compiled: {timing.line()}" for name, timing in self.region_timings.items()
+                  if name not in self.regions_eager]
         if self.eager_calls:
             lines.append(f"{self.eager_calls} call(s) ran eagerly: {self.warnings[0]}")
         lines += [f"  graph break at {where} ({n} graph(s))" for where, n in self.graph_breaks.items()]
@@ -141,4 +150,5 @@ class KilnStats:
                 "variants": [asdict(v) for v in self.variants], "evictions": self.evictions,
                 "cache": [asdict(event) for event in self.cache],
                 "regions": [asdict(region) for region in self.regions], "region_fallbacks": self.region_fallbacks,
-                "regions_eager": self.regions_eager}
+                "regions_eager": self.regions_eager,
+                "region_timings": {name: asdict(timing) for name, timing in self.region_timings.items()}}

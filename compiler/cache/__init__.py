@@ -6,7 +6,7 @@ entry's bytes, store.py for the directory. No ComfyUI here.
 """
 from .describe import cache_problem, describe_cache
 from .graph_cache import CacheEvent, GraphCache
-from .key import differences, entry_fields, entry_key, environment_fields, explain_miss, graph_hash
+from .key import choice_fields, differences, entry_fields, entry_key, environment_fields, explain_miss, graph_hash
 from .location import CacheLocationError, default_cache_dir, server_cache_dir
 from .options import CACHE_MODES, CacheOptions, CacheOptionsError
 from .store import CacheEntryError, CacheStore, Entry
@@ -14,5 +14,5 @@ from .trust import CacheError, CacheTrustError
 
 __all__ = ["cache_problem", "describe_cache", "CacheEvent", "GraphCache", "CacheOptions", "CacheOptionsError", "CACHE_MODES",
            "default_cache_dir", "server_cache_dir", "CacheStore", "Entry", "CacheError", "CacheEntryError",
-           "CacheTrustError", "CacheLocationError", "entry_fields", "entry_key",
+           "CacheTrustError", "CacheLocationError", "choice_fields", "entry_fields", "entry_key",
            "environment_fields", "explain_miss", "differences", "graph_hash"]

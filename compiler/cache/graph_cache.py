@@ -101,12 +101,33 @@ class GraphCache:
         outcome = "miss" if self.options.mode == "use" else "refresh"
         return compiled, name, self._store_files(store, key, fields, work, seconds, outcome, reason)
 
+    def read_record(self, fields: dict, name: str) -> Optional[bytes]:
+        """The file `name` of the entry keyed by `fields`: a small record kept beside the graphs (a
+        region's measured choice, compiler/region_choice.py), or None when there is none, the cache
+        is not in "use" mode, or the entry was refused (removed, said in the log). The bytes are the
+        caller's to validate."""
+        store = self.store()
+        if store is None or self.options.mode != "use":
+            return None
+        entry, _ = self._lookup(store, cache_key.entry_key(fields), fields, explain=False)
+        return None if entry is None else entry.files.get(name)
+
+    def write_record(self, fields: dict, name: str, data: bytes) -> None:
+        """Store `data` as the file `name` of the entry keyed by `fields` (signed like every entry)."""
+        store = self.store()
+        if store is None:
+            return
+        try:
+            store.write(Entry(key=cache_key.entry_key(fields), fields=fields, files={name: data}))
+        except (CacheError, OSError) as exc:
+            self._disable_for(exc)
+
     def _without_cache(self, lower, label: str, key: str) -> tuple[Callable, str, CacheEvent]:
         compiled, name = lower()
         off = self.options.mode == "off"
         return compiled, name, CacheEvent(label, "off" if off else "unavailable", "" if off else self.unavailable, key)
 
-    def _lookup(self, store: CacheStore, key: str, fields: dict) -> tuple[Optional[Entry], str]:
+    def _lookup(self, store: CacheStore, key: str, fields: dict, explain: bool = True) -> tuple[Optional[Entry], str]:
         try:
             entry = store.read(key)
         except CacheEntryError as exc:
@@ -119,6 +140,8 @@ class GraphCache:
         except OSError as exc:
             return None, f"cannot read the entry ({_why(exc)})"
         if entry is None:
+            if not explain:
+                return None, ""
             return None, cache_key.explain_miss(fields, [e.fields for _, e, _ in store.headers() if e is not None])
         return entry, ""
 

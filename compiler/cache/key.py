@@ -117,6 +117,21 @@ def entry_fields(graph: str, example_inputs: Iterable, options: dict, shape_poli
     }
 
 
+def choice_fields(region_signature: str, inputs: Iterable, options: dict, device: str, label: str) -> dict[str, Any]:
+    """Key fields of a region's measured choice (compiler/region_choice.py): the block's signature,
+    its inputs' shapes, strides and dtypes, the options that shape its lowering, the environment and,
+    on a CPU, the threads the timing ran on; `label` is shown, not keyed."""
+    return {
+        "region_choice": region_signature,
+        "inputs": hashlib.sha256(input_signature(inputs).encode()).hexdigest()[:16],
+        "options": json.loads(json.dumps(options, default=str)),
+        "grad": torch.is_grad_enabled(),
+        "threads": torch.get_num_threads() if device == "cpu" else None,
+        **environment_fields(device),
+        "label": label,
+    }
+
+
 _NOT_KEYED = ("label",)
 
 

@@ -44,9 +44,16 @@ def _net():
     return Net().eval()
 
 
+def _compile(module, mode="fast", progress=None, cache_dir=None, **options):
+    """These tests run blocks through compiled regions: every region with something to fuse stays
+    compiled, whatever it measures (the measured choice: tests/compiler/test_region_choice.py)."""
+    return kiln.compile(module, options=CompileOptions(mode=mode, measure_regions=False, **options), progress=progress,
+                        cache_dir=cache_dir)
+
+
 def test_identical_blocks_share_one_graph_and_each_distinct_block_gets_its_own():
     module, x = _net(), torch.randn(2, 8, 3, 5)
-    compiled = kiln.compile(module, mode="fast")
+    compiled = _compile(module, mode="fast")
     with torch.no_grad():
         assert rel_err(compiled(x), module(x)) < 1e-6
     info = kiln.stats(compiled)
@@ -58,7 +65,7 @@ def test_identical_blocks_share_one_graph_and_each_distinct_block_gets_its_own()
 
 def test_weights_changed_in_place_after_compiling_show_up_in_every_block():
     module, x = _net(), torch.randn(2, 8, 3, 5)
-    compiled = kiln.compile(module, mode="fast")
+    compiled = _compile(module, mode="fast")
     with torch.no_grad():
         compiled(x)
         for block in (module.blocks[0], module.blocks[4], module.wide[1]):
@@ -69,7 +76,7 @@ def test_weights_changed_in_place_after_compiling_show_up_in_every_block():
 
 def test_a_new_batch_or_resolution_compiles_nothing():
     module = _net()
-    compiled = kiln.compile(module, mode="fast")
+    compiled = _compile(module, mode="fast")
     with torch.no_grad():
         compiled(torch.randn(2, 8, 3, 5))
         for shape in ((3, 8, 3, 5), (4, 8, 6, 4), (2, 8, 8, 8)):
@@ -81,7 +88,7 @@ def test_a_new_batch_or_resolution_compiles_nothing():
 
 def test_progress_counts_regions_done():
     seen = []
-    compiled = kiln.compile(_net(), mode="fast", progress=lambda what, done, total: seen.append((what, done, total)))
+    compiled = _compile(_net(), mode="fast", progress=lambda what, done, total: seen.append((what, done, total)))
     with torch.no_grad():
         compiled(torch.randn(2, 8, 3, 5))
     assert seen[0][0].startswith("region 1/2 Block#1: ") and seen[0][1:] == (0, 2)
@@ -99,7 +106,7 @@ def test_a_failed_region_runs_its_blocks_eagerly_and_the_others_stay_compiled(mo
 
     monkeypatch.setattr(Lowering, "lower", lower)
     module, x = _net(), torch.randn(2, 8, 3, 5)
-    compiled = kiln.compile(module, mode="fast")
+    compiled = _compile(module, mode="fast")
     with torch.no_grad():
         assert rel_err(compiled(x), module(x)) < 1e-6
         assert rel_err(compiled(x), module(x)) < 1e-6
@@ -112,7 +119,7 @@ def test_a_failed_region_runs_its_blocks_eagerly_and_the_others_stay_compiled(mo
 
 def test_a_cancel_in_one_region_is_re_raised_and_the_next_call_compiles_only_what_is_missing():
     module, x = _net(), torch.randn(2, 8, 3, 5)
-    compiled = kiln.compile(module, mode="fast")
+    compiled = _compile(module, mode="fast")
 
     def cancel(what, done, total):
         if "Block#2" in what:
@@ -131,7 +138,7 @@ def test_a_cancel_in_one_region_is_re_raised_and_the_next_call_compiles_only_wha
 
 def test_blocks_run_as_before_outside_kiln_s_call():
     module, x = _net(), torch.randn(2, 8, 3, 5)
-    compiled = kiln.compile(module, mode="fast")
+    compiled = _compile(module, mode="fast")
     with torch.no_grad():
         compiled(x)
         assert all(block._compiled_call_impl is None for block in (*module.blocks, *module.wide))
@@ -142,7 +149,7 @@ def test_blocks_run_as_before_outside_kiln_s_call():
 
 def test_compile_unit_whole_compiles_one_graph():
     module, x = _net(), torch.randn(2, 8, 3, 5)
-    compiled = kiln.compile(module, options=CompileOptions(mode="fast", compile_unit="whole"))
+    compiled = _compile(module, compile_unit="whole")
     with torch.no_grad():
         assert rel_err(compiled(x), module(x)) < 1e-6
     info = kiln.stats(compiled)
@@ -161,7 +168,7 @@ def test_compile_unit_option():
 
 def test_auto_with_pinned_shapes_compiles_whole(caplog):
     caplog.set_level("INFO", logger="kiln")
-    compiled = kiln.compile(_net(), options=CompileOptions(mode="balanced", shapes={"specialize": "pinned", "pin": ["64x64"]}))
+    compiled = _compile(_net(), mode="balanced", shapes={"specialize": "pinned", "pin": ["64x64"]})
     compiled._prepare()
     assert kiln.stats(compiled).regions == [] and "compiles whole: its shape policy pins" in caplog.text
 
@@ -175,10 +182,10 @@ def test_a_model_without_repeated_blocks_compiles_whole_under_auto_and_says_so_u
         def forward(self, x):
             return self.blocks[1](self.blocks[0](x))
 
-    auto = kiln.compile(Two(), mode="fast")
+    auto = _compile(Two(), mode="fast")
     auto._prepare()
     assert kiln.stats(auto).regions == []
-    blocks = kiln.compile(Two(), options=CompileOptions(mode="fast", compile_unit="blocks"))
+    blocks = _compile(Two(), compile_unit="blocks")
     with torch.no_grad():
         blocks(torch.randn(2, 8))
     assert [r.name for r in kiln.stats(blocks).regions] == ["Block#1"]
@@ -186,12 +193,12 @@ def test_a_model_without_repeated_blocks_compiles_whole_under_auto_and_says_so_u
 
 def test_the_cache_stores_one_entry_per_region_and_a_new_process_loads_them(tmp_path):
     x = torch.randn(2, 8, 3, 5)
-    first = kiln.compile(_net(), mode="balanced", cache_dir=str(tmp_path))
+    first = _compile(_net(), mode="balanced", cache_dir=str(tmp_path))
     with torch.no_grad():
         first(x)
     assert [e.outcome for e in kiln.stats(first).cache] == ["miss", "miss"]
     module = _net()  # another model object with the same blocks: what a restarted server has
-    second = kiln.compile(module, mode="balanced", cache_dir=str(tmp_path))
+    second = _compile(module, mode="balanced", cache_dir=str(tmp_path))
     with torch.no_grad():
         assert rel_err(second(x), module(x)) < 1e-5
     info = kiln.stats(second)
@@ -206,7 +213,7 @@ def test_kiln_s_passes_run_on_each_region_s_graph():
     spec = MODELS["sdxl"]
     unet = spec.build("tiny")
     args, kwargs = spec.inputs(unet, batch=2)
-    compiled = kiln.compile(unet, options=CompileOptions(mode="fast", passes={"fuse_geglu": "on"}))
+    compiled = _compile(unet, passes={"fuse_geglu": "on"})
     with torch.no_grad():
         assert rel_err(compiled(*args, **kwargs)[0], unet(*args, **kwargs)[0]) < 1e-5
     info = kiln.stats(compiled)
@@ -249,7 +256,7 @@ class ConvNet(torch.nn.Module):
 def test_a_region_with_nothing_to_fuse_runs_eagerly_and_says_why():
     torch.manual_seed(0)
     module = ConvNet().eval()
-    compiled = kiln.compile(module, mode="balanced")
+    compiled = _compile(module, mode="balanced")
     with torch.no_grad():
         for shape in ((2, 4, 8, 8), (2, 4, 8, 8), (3, 4, 6, 10)):  # batch 2 first: TorchDynamo specialises a 1
             x = torch.randn(shape)
@@ -258,7 +265,7 @@ def test_a_region_with_nothing_to_fuse_runs_eagerly_and_says_why():
     assert info.regions_eager == {"Down#1": "nothing for Inductor to fuse (conv2d)"}
     assert [(c.region, c.lowering) for c in info.compiles] == [("Mix#1", "inductor"), ("Down#1", "eager")]
     assert info.eager_calls == 0 and not info.region_fallbacks
-    assert "1 region(s) eager (nothing for Inductor to fuse)" in info.units_line()
+    assert "1 region(s) eager by choice (1 nothing to fuse)" in info.units_line()
     assert "region Down#1 runs eagerly by choice: nothing for Inductor to fuse (conv2d)" in info.summary()
 
 
@@ -268,12 +275,12 @@ def test_when_the_regions_with_something_to_fuse_all_fail_the_model_says_it_runs
 
     monkeypatch.setattr(Lowering, "lower", broken_lowering)
     module, x = ConvNet().eval(), torch.randn(2, 4, 8, 8)
-    compiled = kiln.compile(module, mode="balanced")
+    compiled = _compile(module, mode="balanced")
     with torch.no_grad():
         assert rel_err(compiled(x), module(x)) < 1e-6
     info = kiln.stats(compiled)
     assert list(info.region_fallbacks) == ["Mix#1"] and list(info.regions_eager) == ["Down#1"]
-    assert info.fallback.startswith("no block region is compiled: 1 failed, 1 have nothing to fuse")
+    assert info.fallback.startswith("no block region is compiled: 1 failed, 1 run eagerly by choice")
     assert "lowering exploded" in info.fallback and "runs eagerly from now on" in caplog.text
 
 
@@ -283,7 +290,7 @@ def test_regions_with_nothing_to_fuse_are_lowered_where_lowering_pays_anyway():
 
     def may_keep_eager(device="cpu", **options):
         options = CompileOptions(**options)
-        return KilnBackend(options, KilnStats(options.as_dict()), region="Down#1")._may_keep_eager(device)
+        return KilnBackend(options, KilnStats(options.as_dict()), region="Down#1").may_keep_eager(device)
 
     assert may_keep_eager(mode="balanced")
     assert not may_keep_eager(mode="max")  # autotuning may pick a generated convolution
@@ -293,7 +300,7 @@ def test_regions_with_nothing_to_fuse_are_lowered_where_lowering_pays_anyway():
     assert may_keep_eager(mode="fast")  # the graph runs as captured either way: without TorchDynamo's entry, eagerly
     assert not may_keep_eager("cuda", mode="fast", cuda_graphs=True)
     options = CompileOptions(mode="balanced")
-    assert not KilnBackend(options, KilnStats(options.as_dict()))._may_keep_eager("cpu")  # a whole model
+    assert not KilnBackend(options, KilnStats(options.as_dict())).may_keep_eager("cpu")  # a whole model
 
 
 def test_a_region_torchdynamo_cannot_capture_runs_eagerly_and_the_others_stay_compiled(monkeypatch, caplog):
@@ -311,7 +318,7 @@ def test_a_region_torchdynamo_cannot_capture_runs_eagerly_and_the_others_stay_co
 
     monkeypatch.setattr(OutputGraph, "compile_and_call_fx_graph", capture)
     module, x = _net(), torch.randn(2, 8, 3, 5)
-    compiled = kiln.compile(module, mode="fast")
+    compiled = _compile(module, mode="fast")
     with torch.no_grad():
         assert rel_err(compiled(x), module(x)) < 1e-6
         assert rel_err(compiled(x), module(x)) < 1e-6
@@ -328,7 +335,7 @@ def test_the_models_own_error_still_reaches_the_user():
         def forward(self, x):
             return x @ torch.ones(3, 3)  # x is (2, 5): the model's own shape error
 
-    compiled = kiln.compile(Broken(), mode="fast")
+    compiled = _compile(Broken(), mode="fast")
     with torch.no_grad(), pytest.raises(RuntimeError, match="cannot be multiplied"):
         compiled(torch.randn(2, 5))
 
@@ -349,7 +356,7 @@ def test_with_cuda_graphs_every_regions_graph_runs_under_the_models_input_shape(
     monkeypatch.setattr(CudaGraphBudget, "run", run)
     monkeypatch.setattr(KilnBackend, "_budget", lambda self, device: self._cuda_graph_budget)
     module = _net()
-    compiled = kiln.compile(module, mode="fast", cuda_graphs=True)
+    compiled = _compile(module, mode="fast", cuda_graphs=True)
     with torch.no_grad():
         for shape in ((2, 8, 3, 5), (3, 8, 4, 4)):
             seen.clear()

@@ -1,0 +1,126 @@
+"""Keep a block region compiled only where its compiled call measures faster than its blocks run eagerly.
+
+Compiling a block pays when Inductor's code beats the block's library calls and Python by more than
+what every compiled call adds (TorchDynamo's entry and guards, the wrappers of a dynamic graph: about
+0.1 ms of host time a call on a CPU). Whether it does depends on the block, its size and the device:
+on a 2-core CPU most of SD1.5's ResNet blocks run at 0.80-0.98x of eager compiled while its
+transformer blocks gain; on a fast GPU a small block's compiled call can wait on the host.
+
+So by blocks, on a region's first call, right after it compiled, Kiln times the call both ways on
+copies of the same inputs (ROUNDS interleaved rounds, the median of each) and keeps the region
+compiled only when it is at least MIN_GAIN faster; otherwise its blocks run eagerly from then on.
+The decision is said with both times (log, `kiln.stats(m).regions_eager`, the node's line) and kept
+in Kiln's cache under the region's signature, the inputs' shapes and the environment, so a later
+start with the cache finds it before capturing: a region measured slower is not captured again.
+
+Not measured (the region stays compiled, as before): a block with hooks, or with ComfyUI patches a
+block calls (a patch may keep state, and measuring runs the block 2 x ROUNDS more times), a region
+whose first call broke into several graphs or compiled again, and where keeping a region eager is
+never chosen (autotuning, CUDA graphs: compiler/backend.py `may_keep_eager`), or with
+`measure_regions: false`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from . import compat
+
+ROUNDS = 5          # interleaved rounds; the median of each side
+MIN_GAIN = 0.03     # compiled must be at least 3% faster than eager to stay compiled
+CHOICE_FILE = "region-choice.json"
+MAX_CHOICE_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class RegionTiming:
+    """One region's call, timed compiled and eagerly on the same inputs (milliseconds, medians)."""
+
+    compiled_ms: float
+    eager_ms: float
+
+    @property
+    def compiled_pays(self) -> bool:
+        return self.compiled_ms <= self.eager_ms * (1 - MIN_GAIN)
+
+    def line(self) -> str:
+        return (f"compiled {self.compiled_ms:.3f} ms, eager {self.eager_ms:.3f} ms a call "
+                f"({self.eager_ms / self.compiled_ms:.2f}x)")
+
+    def reason(self) -> str:
+        """Why the region runs eagerly: '' when compiled pays."""
+        if self.compiled_pays:
+            return ""
+        return f"measured no faster compiled ({self.line()}; compiled must be {MIN_GAIN:.0%} faster)"
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"compiled_ms": self.compiled_ms, "eager_ms": self.eager_ms}).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> "RegionTiming":
+        """A stored timing, read as untrusted data: ValueError naming the field when it is not one."""
+        if len(data) > MAX_CHOICE_BYTES:
+            raise ValueError(f"{where}: {len(data)} bytes, more than a region timing's {MAX_CHOICE_BYTES}")
+        try:
+            raw = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{where}: not JSON ({exc})") from None
+        if not isinstance(raw, dict) or set(raw) != {"compiled_ms", "eager_ms"}:
+            raise ValueError(f"{where}: expected exactly the fields compiled_ms and eager_ms")
+        for name, value in raw.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{where}: {name}={str(value)[:40]} is not a positive time in milliseconds")
+        return cls(float(raw["compiled_ms"]), float(raw["eager_ms"]))
+
+
+def why_not_measured(block: torch.nn.Module, patched: bool) -> str:
+    """Why timing this block's calls again could change what the model does ('' when it cannot):
+    hooks on the block or its layers, or patches (`patched`) the block calls, may keep state."""
+    if patched:
+        return "ComfyUI patches that the block calls are installed"
+    for name, module in block.named_modules():
+        if compat.has_forward_hooks(module):
+            return f"{name or 'the block'} has forward hooks"
+    return ""
+
+
+def fresh_copies(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call's inputs again, for one more call: tensors cloned with their strides and their kind
+    (inference tensor or not), since a block may update its input in place (ComfyUI's Flux blocks
+    do); dicts copied one level (what a block writes into transformer_options lands in the copy)."""
+    def copy(value):
+        if isinstance(value, torch.Tensor):  # an inference tensor, or not, as the original (TorchDynamo guards on it)
+            with torch.inference_mode(value.is_inference()):
+                return value.clone(memory_format=torch.preserve_format)
+        if isinstance(value, dict):
+            return {key: copy(item) if isinstance(item, torch.Tensor) else item for key, item in value.items()}
+        return value
+    return tuple(copy(a) for a in args), {key: copy(v) for key, v in kwargs.items()}
+
+
+def time_both(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, dict], Any], args: tuple,
+              kwargs: dict, device: str, rounds: int = ROUNDS) -> RegionTiming:
+    """Median milliseconds of `compiled(args, kwargs)` and `eager(args, kwargs)`, each on fresh
+    copies of the inputs (made outside the timing), in interleaved rounds whose order alternates."""
+    samples: dict[str, list[float]] = {"compiled": [], "eager": []}
+    calls = {"compiled": compiled, "eager": eager}
+    for round_ in range(rounds):
+        for name in ("compiled", "eager") if round_ % 2 == 0 else ("eager", "compiled"):
+            given_args, given_kwargs = fresh_copies(args, kwargs)
+            _sync(device)
+            start = time.perf_counter()
+            calls[name](given_args, given_kwargs)
+            _sync(device)
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    return RegionTiming(statistics.median(samples["compiled"]), statistics.median(samples["eager"]))
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()

@@ -1,0 +1,282 @@
+"""Compiled or eager per region, by measurement (compiler/region_choice.py), and the choice kept in the cache."""
+import logging
+
+import pytest
+import torch
+
+import kiln
+from kiln.compiler import CompileOptions, OptionsError, region_choice
+from kiln.compiler.region_choice import MIN_GAIN, RegionTiming, fresh_copies, time_both, why_not_measured
+from testing_utils import rel_err
+
+
+class Mix(torch.nn.Module):
+    def __init__(self, channels: int = 4):
+        super().__init__()
+        self.norm, self.conv = torch.nn.GroupNorm(2, channels), torch.nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv(torch.nn.functional.silu(self.norm(x)))
+
+
+class InPlace(torch.nn.Module):
+    """Updates its input in place and returns it, as ComfyUI's Flux blocks do with `img`."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.fc = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        x += torch.nn.functional.gelu(self.fc(self.norm(x)))
+        return x
+
+
+class Net(torch.nn.Module):
+    """Two identical Mix blocks (region Mix#1) and two of another width (Mix#2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.narrow = torch.nn.ModuleList([Mix(4), Mix(4)])
+        self.widen = torch.nn.Conv2d(4, 8, 1)
+        self.wide = torch.nn.ModuleList([Mix(8), Mix(8)])
+
+    def forward(self, x):
+        for block in self.narrow:
+            x = block(x)
+        x = self.widen(x)
+        for block in self.wide:
+            x = block(x)
+        return x
+
+
+class InPlaceNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([InPlace(), InPlace(), InPlace()])
+
+    def forward(self, x):
+        x = x * 1.0
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _net():
+    torch.manual_seed(0)
+    return Net().eval()
+
+
+@pytest.fixture
+def timings(monkeypatch):
+    """time_both answering, per region in call order, the timings listed (compiled ms, eager ms);
+    the calls it was given still run once each, so what they do is checked too."""
+    answers: list[tuple[float, float]] = []
+
+    def fake(compiled, eager, args, kwargs, device, rounds=region_choice.ROUNDS):
+        compiled(*fresh_copies(args, kwargs))
+        eager(*fresh_copies(args, kwargs))
+        return RegionTiming(*answers.pop(0))
+
+    monkeypatch.setattr(region_choice, "time_both", fake)
+    return answers
+
+
+# ---- the rule and the record ---------------------------------------------------------------------
+
+def test_a_region_stays_compiled_only_when_it_is_min_gain_faster():
+    assert RegionTiming(compiled_ms=0.9, eager_ms=1.0).compiled_pays
+    assert RegionTiming(compiled_ms=1.0 - MIN_GAIN, eager_ms=1.0).compiled_pays
+    assert not RegionTiming(compiled_ms=0.99, eager_ms=1.0).compiled_pays
+    assert not RegionTiming(compiled_ms=1.2, eager_ms=1.0).compiled_pays
+    assert RegionTiming(0.9, 1.0).reason() == ""
+    why = RegionTiming(1.2, 1.0).reason()
+    assert "compiled 1.200 ms, eager 1.000 ms a call (0.83x)" in why and "3% faster" in why
+
+
+def test_a_stored_timing_reads_back_and_a_bad_one_is_refused_naming_the_field():
+    timing = RegionTiming(1.25, 2.5)
+    assert RegionTiming.from_bytes(timing.to_bytes(), "here") == timing
+    bad = {
+        b"not json": "not JSON",
+        b'{"compiled_ms": 1.0}': "exactly the fields",
+        b'{"compiled_ms": 1.0, "eager_ms": 2.0, "run": "rm -rf /"}': "exactly the fields",
+        b'{"compiled_ms": -1.0, "eager_ms": 2.0}': "compiled_ms=-1.0",
+        b'{"compiled_ms": 1.0, "eager_ms": NaN}': "eager_ms=nan",
+        b'{"compiled_ms": true, "eager_ms": 2.0}': "compiled_ms=True",
+        b'{"compiled_ms": "1", "eager_ms": 2.0}': "compiled_ms=1",
+        b'[1.0, 2.0]': "exactly the fields",
+        b" " * 2000: "more than a region timing's",
+    }
+    for data, said in bad.items():
+        with pytest.raises(ValueError, match="the stored choice") as caught:
+            RegionTiming.from_bytes(data, "the stored choice")
+        assert said in str(caught.value)
+
+
+def test_fresh_copies_keep_strides_and_kind_and_copy_dicts_one_level():
+    x = torch.randn(2, 4, 3, 5).to(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        y = torch.randn(3)
+        options = {"block": ("input", 1), "scale": 0.5, "t": y}
+        args, kwargs = fresh_copies((x, 7), {"transformer_options": options})
+    assert args[0] is not x and torch.equal(args[0], x) and args[0].stride() == x.stride()
+    assert not args[0].is_inference() and args[1] == 7
+    copied = kwargs["transformer_options"]
+    assert copied is not options and copied["t"] is not y and copied["t"].is_inference() and copied["scale"] == 0.5
+
+
+def test_time_both_gives_each_call_its_own_copies_and_alternates_the_order():
+    x = torch.zeros(3)
+    order = []
+
+    def compiled(args, kwargs):
+        args[0].add_(1)  # in place: must not reach the caller's tensor
+        order.append("c")
+
+    def eager(args, kwargs):
+        args[0].add_(1)
+        order.append("e")
+
+    timing = time_both(compiled, eager, (x,), {}, "cpu", rounds=4)
+    assert torch.equal(x, torch.zeros(3)) and order == ["c", "e", "e", "c", "c", "e", "e", "c"]
+    assert timing.compiled_ms > 0 and timing.eager_ms > 0
+
+
+def test_blocks_with_hooks_or_patches_are_not_measured():
+    block = Mix()
+    assert why_not_measured(block, patched=False) == ""
+    assert "patches" in why_not_measured(block, patched=True)
+    handle = block.conv.register_forward_hook(lambda module, args, out: None)
+    assert why_not_measured(block, patched=False) == "conv has forward hooks"
+    handle.remove()
+    block.register_forward_pre_hook(lambda module, args: None)
+    assert why_not_measured(block, patched=False) == "the block has forward hooks"
+
+
+def test_measure_regions_is_an_option_checked_by_name():
+    assert CompileOptions().measure_regions is True
+    assert CompileOptions(measure_regions=False).as_dict()["measure_regions"] is False
+    with pytest.raises(OptionsError, match="measure_regions"):
+        CompileOptions(measure_regions="yes")
+    from kiln.compiler.options import parse_expert_options
+
+    assert parse_expert_options("measure_regions: false") == {"measure_regions": False}
+
+
+# ---- by blocks -------------------------------------------------------------------------------------
+
+def test_a_region_measured_slower_compiled_runs_its_blocks_eagerly_and_says_why(timings, caplog):
+    timings += [(2.0, 1.0), (0.5, 1.0)]  # Mix#1 slower compiled, Mix#2 faster
+    module = _net()
+    compiled = kiln.compile(module, mode="balanced")
+    caplog.set_level(logging.INFO, logger="kiln")
+    with torch.no_grad():
+        for shape in ((2, 4, 8, 8), (2, 4, 8, 8), (3, 4, 6, 10)):
+            x = torch.randn(shape)
+            assert rel_err(compiled(x), module(x)) < 1e-5
+    info = kiln.stats(compiled)
+    assert list(info.regions_eager) == ["Mix#1"] and "measured no faster compiled" in info.regions_eager["Mix#1"]
+    assert set(info.region_timings) == {"Mix#1", "Mix#2"}
+    assert [c.region for c in info.compiles] == ["Mix#1", "Mix#2"] and not info.recompiles  # a new size: nothing
+    assert "1 region(s) eager by choice (1 measured no faster compiled)" in info.units_line()
+    assert "region Mix#1 runs eagerly by choice: measured no faster compiled (compiled 2.000 ms" in info.summary()
+    assert "region Mix#2 stays compiled: compiled 0.500 ms, eager 1.000 ms a call (2.00x)" in info.summary()
+    assert "region Mix#1 runs eagerly: measured no faster compiled" in caplog.text
+
+
+def test_the_real_timing_decides_and_the_output_is_eager_s():
+    module, x = _net(), torch.randn(2, 4, 8, 8)
+    compiled = kiln.compile(module, mode="balanced")
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-5
+        assert rel_err(compiled(x), module(x)) < 1e-5
+    info = kiln.stats(compiled)
+    assert set(info.region_timings) == {"Mix#1", "Mix#2"} and info.eager_calls == 0
+    for name, timing in info.region_timings.items():
+        assert timing.compiled_ms > 0 and timing.eager_ms > 0
+        assert (name in info.regions_eager) == (not timing.compiled_pays)
+
+
+def test_measuring_a_block_that_updates_its_input_in_place_changes_nothing():
+    torch.manual_seed(0)
+    module, x = InPlaceNet().eval(), torch.randn(2, 5, 8)
+    compiled = kiln.compile(module, mode="balanced")
+    with torch.no_grad():
+        expected = module(x.clone())
+        assert rel_err(compiled(x.clone()), expected) < 1e-5
+    assert list(kiln.stats(compiled).region_timings) == ["InPlace#1"]
+
+
+def test_measure_regions_false_keeps_every_region_with_something_to_fuse_compiled(timings):
+    timings += [(2.0, 1.0), (2.0, 1.0)]
+    module, x = _net(), torch.randn(2, 4, 8, 8)
+    compiled = kiln.compile(module, options=CompileOptions(measure_regions=False))
+    with torch.no_grad():
+        compiled(x)
+    info = kiln.stats(compiled)
+    assert not info.regions_eager and not info.region_timings and len(timings) == 2
+
+
+def test_a_block_with_a_hook_is_not_measured_and_stays_compiled(timings, caplog):
+    timings += [(2.0, 1.0), (2.0, 1.0)]
+    module, x = _net(), torch.randn(2, 4, 8, 8)
+    for block in module.narrow:
+        block.register_forward_hook(lambda m, args, out: None)
+    compiled = kiln.compile(module, mode="balanced")
+    caplog.set_level(logging.INFO, logger="kiln")
+    with torch.no_grad():
+        compiled(x)
+    info = kiln.stats(compiled)
+    assert list(info.region_timings) == ["Mix#2"] and list(info.regions_eager) == ["Mix#2"]
+    assert "region Mix#1 is not measured against eager (the block has forward hooks); it stays compiled" in caplog.text
+
+
+def test_the_choice_is_kept_in_the_cache_and_a_new_process_never_captures_a_slower_region(timings, tmp_path):
+    timings += [(2.0, 1.0), (0.5, 1.0)]
+    x = torch.randn(2, 4, 8, 8)
+    first = kiln.compile(_net(), mode="balanced", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        first(x)
+    assert [e.outcome for e in kiln.stats(first).cache] == ["miss", "miss"]
+    module = _net()  # another model object with the same blocks: what a restarted server has
+    second = kiln.compile(module, mode="balanced", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        assert rel_err(second(x), module(x)) < 1e-5
+    info = kiln.stats(second)
+    assert not timings  # nothing measured again
+    assert [c.region for c in info.compiles] == ["Mix#2"] and [e.outcome for e in info.cache] == ["hit"]
+    assert info.regions_eager["Mix#1"].endswith("(measured before, from Kiln's cache)")
+    assert info.region_timings == {"Mix#1": RegionTiming(2.0, 1.0), "Mix#2": RegionTiming(0.5, 1.0)}
+
+
+def test_a_new_input_shape_or_refresh_measures_again(timings, tmp_path):
+    timings += [(2.0, 1.0), (2.0, 1.0), (0.5, 1.0), (0.5, 1.0), (0.5, 1.0), (0.5, 1.0)]
+    with torch.no_grad():
+        kiln.compile(_net(), mode="balanced", cache_dir=str(tmp_path))(torch.randn(2, 4, 8, 8))
+        other_size = kiln.compile(_net(), mode="balanced", cache_dir=str(tmp_path))
+        other_size(torch.randn(2, 4, 6, 10))
+        refreshed = kiln.compile(_net(), mode="balanced", cache_dir=str(tmp_path), cache="refresh")
+        refreshed(torch.randn(2, 4, 8, 8))
+    assert not timings
+    assert not kiln.stats(other_size).regions_eager and not kiln.stats(refreshed).regions_eager
+
+
+def test_a_stored_choice_that_is_not_a_timing_is_ignored_and_measured_again(timings, tmp_path, caplog):
+    from kiln.compiler.cache import CacheOptions, GraphCache
+
+    timings += [(2.0, 1.0), (2.0, 1.0), (0.5, 1.0), (0.5, 1.0)]
+    x = torch.randn(2, 4, 8, 8)
+    with torch.no_grad():
+        kiln.compile(_net(), mode="balanced", cache_dir=str(tmp_path))(x)
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    store = cache.store()
+    choices = [(key, entry) for key, entry, _ in store.headers() if entry is not None and "region_choice" in entry.fields]
+    assert len(choices) == 2
+    for key, entry in choices:  # signed with the user's key, yet not a timing: read as untrusted all the same
+        cache.write_record(entry.fields, region_choice.CHOICE_FILE, b'{"compiled_ms": 1e999, "eager_ms": 1}')
+    caplog.set_level(logging.WARNING, logger="kiln")
+    second = kiln.compile(_net(), mode="balanced", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        second(x)
+    assert "ignored the stored choice of region Mix#1" in caplog.text and "measured again" in caplog.text
+    assert not timings and not kiln.stats(second).regions_eager
