@@ -52,6 +52,11 @@ class Region:
     members: tuple[str, ...]     # "down_blocks.0.resnets.0", ...
     signature: str = ""          # what its blocks share (signature()): keys what is kept of it across starts
 
+    @property
+    def block_class(self) -> str:
+        """The blocks' class name ("ResnetBlock2D"), which regions of other shapes share."""
+        return self.name.rpartition("#")[0] or self.name
+
     def line(self) -> str:
         shown = ", ".join(self.members[:3]) + (f", ... ({len(self.members)} blocks)" if len(self.members) > 3 else "")
         return f"region {self.index} {self.name}: {shown}"

@@ -13,6 +13,12 @@ The decision is said with both times (log, `kiln.stats(m).regions_eager`, the no
 in Kiln's cache under the region's signature, the inputs' shapes and the environment, so a later
 start with the cache finds it before capturing: a region measured slower is not captured again.
 
+Most of a first compile is spent on regions of one class (SD1.5: 13 of its 16 lowered regions are
+ResNet blocks of different widths), so a class is judged by its first regions: once the first
+PREDICT_AFTER regions of a block class measured no faster compiled, taken together, the class's
+other regions on that model are not compiled at all and run eagerly, said as such
+(`ClassVerdicts`). A class whose first regions pay keeps every region compiled and measured.
+
 Not measured (the region stays compiled, as before): a block with hooks, or with ComfyUI patches a
 block calls (a patch may keep state, and measuring runs the block 2 x ROUNDS more times), a region
 whose first call broke into several graphs or compiled again, and where keeping a region eager is
@@ -34,6 +40,7 @@ from . import compat
 
 ROUNDS = 5          # interleaved rounds; the median of each side
 MIN_GAIN = 0.03     # compiled must be at least 3% faster than eager to stay compiled
+PREDICT_AFTER = 2   # regions of one block class measured before its other regions follow them
 CHOICE_FILE = "region-choice.json"
 MAX_CHOICE_BYTES = 1024
 
@@ -77,6 +84,30 @@ class RegionTiming:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{where}: {name}={str(value)[:40]} is not a positive time in milliseconds")
         return cls(float(raw["compiled_ms"]), float(raw["eager_ms"]))
+
+
+class ClassVerdicts:
+    """What the regions of each block class measured so far, on one model: once the first
+    PREDICT_AFTER regions of a class, together, measured no faster compiled, the class's other
+    regions are not compiled either (each would cost a lowering to find the same)."""
+
+    def __init__(self):
+        self.measured: dict[str, list[tuple[str, RegionTiming]]] = {}
+
+    def record(self, block_class: str, region: str, timing: RegionTiming) -> None:
+        self.measured.setdefault(block_class, []).append((region, timing))
+
+    def predicted_eager(self, block_class: str) -> str:
+        """Why the class's next region is not compiled ('' when it is)."""
+        first = self.measured.get(block_class, [])[:PREDICT_AFTER]
+        if len(first) < PREDICT_AFTER:
+            return ""
+        together = RegionTiming(sum(t.compiled_ms for _, t in first), sum(t.eager_ms for _, t in first))
+        if together.compiled_pays:
+            return ""
+        names = ", ".join(name for name, _ in first)
+        return (f"not compiled: the first {PREDICT_AFTER} regions of its class ({names}) measured no faster "
+                f"compiled together ({together.line()})")
 
 
 def why_not_measured(block: torch.nn.Module, patched: bool) -> str:

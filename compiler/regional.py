@@ -25,7 +25,8 @@ and every call of a compiled block pays TorchDynamo's entry and guards (~0.1 ms 
 A region with something to fuse is timed on its first call, right after it compiled, compiled and
 eagerly on copies of the same inputs, and stays compiled only where that is faster
 (compiler/region_choice.py): on a CPU most of SD1.5's ResNet blocks are not. The choice is kept in
-Kiln's cache, so a later start never captures a region measured slower.
+Kiln's cache, so a later start never captures a region measured slower; and once the first regions
+of a block class measured no faster compiled, the class's other regions are not compiled at all.
 
 Per region, as the whole model has it: the first call compiles (with the region named in the
 progress, the log and the stats); a failed compile sends that region, and only it, to eager with the
@@ -57,8 +58,10 @@ class CompiledRegion:
     """One region's compiled entry and the guard every call of one of its blocks goes through."""
 
     def __init__(self, region: Region, options: CompileOptions, stats: KilnStats, cache: Optional[GraphCache],
-                 label: str, cuda_graph_budget: Optional[CudaGraphBudget], progress: "RegionProgress"):
+                 label: str, cuda_graph_budget: Optional[CudaGraphBudget], progress: "RegionProgress",
+                 verdicts: region_choice.ClassVerdicts):
         self.region = region
+        self.verdicts = verdicts  # what this model's regions measured, per block class
         self.stats = stats
         self.label = label
         self.options = options
@@ -84,7 +87,8 @@ class CompiledRegion:
             return compat.call_module_body(block, *args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
         first = self.backend.graphs == 0
-        if first and not self.decided and self._eager_by_stored_choice(args, kwargs):
+        if first and not self.decided and (self._eager_by_stored_choice(args, kwargs)
+                                           or self._eager_by_class(args, kwargs)):
             self._say_if_nothing_compiled()
             return compat.call_module_body(block, *args, **kwargs)
         out = self._run_compiled(block, args, kwargs)
@@ -161,15 +165,30 @@ class CompiledRegion:
         self.backend.report(f"kept eager: {self.backend.kept_eager}", 1, 1)
         return True
 
+    def _eager_by_class(self, args: tuple, kwargs: dict) -> bool:
+        """Before the region's first capture: whether the first regions of its block class measured
+        no faster compiled (region_choice.ClassVerdicts); then it is not compiled."""
+        why = "" if self.decided else self.verdicts.predicted_eager(self.region.block_class)
+        if not why or self._may_measure(args, kwargs) is None:
+            return False
+        self.decided = True
+        self._keep_eager(why)
+        self.backend.report(f"kept eager: {why}", 1, 1)
+        return True
+
     def _decide(self, timing: region_choice.RegionTiming, source: str) -> None:
         self.stats.region_timings[self.region.name] = timing
+        self.verdicts.record(self.region.block_class, self.region.name, timing)
         why = timing.reason()
         if why:
-            self.backend.kept_eager = why + source
-            self.stats.regions_eager[self.region.name] = why + source
-            log.info("Kiln: %s: region %s runs eagerly: %s", self.label, self.region.name, why + source)
+            self._keep_eager(why + source)
         else:
             log.info("Kiln: %s: region %s stays compiled: %s%s", self.label, self.region.name, timing.line(), source)
+
+    def _keep_eager(self, why: str) -> None:
+        self.backend.kept_eager = why
+        self.stats.regions_eager[self.region.name] = why
+        log.info("Kiln: %s: region %s runs eagerly: %s", self.label, self.region.name, why)
 
     def _choice_fields(self, args: tuple, kwargs: dict, device: str) -> dict:
         return choice_fields(self.region.signature, (*args, *kwargs.values()), lowering_options(self.options), device,
@@ -262,7 +281,8 @@ class RegionalCompile:
     def __init__(self, regions: list[tuple[Region, list[torch.nn.Module]]], options: CompileOptions, stats: KilnStats,
                  cache: Optional[GraphCache], label: str, cuda_graph_budget: Optional[CudaGraphBudget] = None):
         self.progress = RegionProgress(len(regions))
-        self.regions = [CompiledRegion(region, options, stats, cache, label, cuda_graph_budget, self.progress)
+        verdicts = region_choice.ClassVerdicts()
+        self.regions = [CompiledRegion(region, options, stats, cache, label, cuda_graph_budget, self.progress, verdicts)
                         for region, _ in regions]
         self._routes = {}
         for compiled, (_, blocks) in zip(self.regions, regions):

@@ -100,10 +100,12 @@ class KilnStats:
         return line
 
     def _eager_kinds(self) -> str:
-        measured = sum(name in self.region_timings for name in self.regions_eager)
-        kinds = [f"{len(self.regions_eager) - measured} nothing to fuse" if measured < len(self.regions_eager) else "",
-                 f"{measured} measured no faster compiled" if measured else ""]
-        return ", ".join(kind for kind in kinds if kind)
+        """'5 nothing to fuse, 2 measured no faster compiled, 9 not compiled after their class's first'."""
+        counts = Counter("measured no faster compiled" if name in self.region_timings
+                         else "nothing to fuse" if why.startswith("nothing for Inductor to fuse")
+                         else "not compiled after their class's first" for name, why in self.regions_eager.items())
+        order = ("nothing to fuse", "measured no faster compiled", "not compiled after their class's first")
+        return ", ".join(f"{counts[kind]} {kind}" for kind in order if counts[kind])
 
     def variant_counts(self) -> dict[str, int]:
         """How each shape signature was served: {"compiled": n, "reused": n, "specialised": n}."""

@@ -280,3 +280,72 @@ def test_a_stored_choice_that_is_not_a_timing_is_ignored_and_measured_again(timi
         second(x)
     assert "ignored the stored choice of region Mix#1" in caplog.text and "measured again" in caplog.text
     assert not timings and not kiln.stats(second).regions_eager
+
+
+# ---- a class judged by its first regions ----------------------------------------------------------
+
+class Tokens(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.fc = torch.nn.LayerNorm(12), torch.nn.Linear(12, 12)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.fc(self.norm(x)))
+
+
+class Widths(torch.nn.Module):
+    """Mix blocks of three widths (three regions of one class), then a block of another class."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix = torch.nn.ModuleList([Mix(4), Mix(4), Mix(8), Mix(8), Mix(12), Mix(12)])
+        self.widen = torch.nn.ModuleList([torch.nn.Conv2d(4, 8, 1), torch.nn.Conv2d(8, 12, 1)])
+        self.tokens = torch.nn.ModuleList([Tokens(), Tokens()])
+
+    def forward(self, x):
+        x = self.mix[1](self.mix[0](x))
+        x = self.mix[3](self.mix[2](self.widen[0](x)))
+        x = self.mix[5](self.mix[4](self.widen[1](x)))
+        t = x.flatten(2).transpose(1, 2)
+        for block in self.tokens:
+            t = block(t)
+        return t
+
+
+def test_a_class_whose_first_regions_measured_no_faster_together_is_judged_by_them():
+    verdicts = region_choice.ClassVerdicts()
+    assert verdicts.predicted_eager("Mix") == ""
+    verdicts.record("Mix", "Mix#1", RegionTiming(1.0, 1.0))
+    assert verdicts.predicted_eager("Mix") == ""  # one region says too little
+    verdicts.record("Mix", "Mix#2", RegionTiming(0.5, 1.0))
+    assert verdicts.predicted_eager("Mix") == ""  # together 1.5 ms against 2.0: compiling pays
+    slow = region_choice.ClassVerdicts()
+    slow.record("Mix", "Mix#1", RegionTiming(1.0, 1.0))
+    slow.record("Mix", "Mix#2", RegionTiming(1.1, 1.1))
+    slow.record("Mix", "Mix#3", RegionTiming(0.1, 1.0))  # later ones do not change the verdict
+    why = slow.predicted_eager("Mix")
+    assert why.startswith("not compiled: the first 2 regions of its class (Mix#1, Mix#2) measured no faster compiled "
+                          "together (compiled 2.100 ms, eager 2.100 ms a call (1.00x))")
+    assert slow.predicted_eager("Tokens") == ""
+
+
+def test_the_other_regions_of_a_class_that_measured_no_faster_are_never_compiled(timings, tmp_path):
+    timings += [(1.0, 1.0), (1.1, 1.1), (0.5, 1.0)]  # Mix#1, Mix#2, then Tokens#1 (Mix#3 is not compiled)
+    torch.manual_seed(0)
+    module, x = Widths().eval(), torch.randn(2, 4, 6, 6)
+    compiled = kiln.compile(module, mode="balanced", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-5
+        other = torch.randn(3, 4, 5, 7)  # a new size: nothing compiles, Mix#3 still eager
+        assert rel_err(compiled(other), module(other)) < 1e-5
+    info = kiln.stats(compiled)
+    assert not timings and [c.region for c in info.compiles] == ["Mix#1", "Mix#2", "Tokens#1"]
+    assert set(info.regions_eager) == {"Mix#1", "Mix#2", "Mix#3"}
+    assert info.regions_eager["Mix#3"].startswith("not compiled: the first 2 regions of its class (Mix#1, Mix#2)")
+    assert "3 region(s) eager by choice (2 measured no faster compiled, 1 not compiled after their class's first)" \
+        in info.units_line()
+    again = kiln.compile(Widths().eval(), mode="balanced", cache_dir=str(tmp_path))  # a restart: the cache knows
+    with torch.no_grad():
+        again(x)
+    assert [c.region for c in kiln.stats(again).compiles] == ["Tokens#1"]
+    assert set(kiln.stats(again).regions_eager) == {"Mix#1", "Mix#2", "Mix#3"}
