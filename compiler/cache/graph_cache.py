@@ -10,6 +10,7 @@ the guards); Inductor's work is what the cache saves.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -18,10 +19,15 @@ from typing import Callable, Optional
 from .. import compat
 from . import key as cache_key
 from .options import CacheOptions
+from .entry import KEY_PATTERN
 from .store import CacheEntryError, CacheStore, Entry, read_files, write_files
 from .trust import CacheError
 
 log = logging.getLogger("kiln")
+
+NEEDS_FILE = "kiln-needs.json"           # in an entry: the keys of the entries whose kernels it may run
+MAX_NEEDS = 256
+GRAPH_FOLDERS = ("fxgraph", "aotautograd")  # Inductor's per-graph records: a needed entry's stay with it
 
 
 @dataclass
@@ -54,6 +60,8 @@ class GraphCache:
         self.options = options
         self._store: Optional[CacheStore] = None
         self.unavailable = "" if options.mode != "off" else "cache off"
+        # the entries this model stored or loaded so far, in order: a later entry needs their kernels
+        self._seen: list[str] = []
 
     def store(self) -> Optional[CacheStore]:
         if self.unavailable:
@@ -91,7 +99,7 @@ class GraphCache:
                 reason = "refresh: stored entries ignored"
             work = store.work_dir()
             if entry is not None:
-                write_files(work, entry.files)
+                write_files(work, self._with_needed_files(store, entry))
         except (CacheError, OSError) as exc:
             self._disable_for(exc)
             return self._without_cache(lower, label, key)
@@ -100,6 +108,45 @@ class GraphCache:
         compiled, name, seconds = _lower_in(work, lower)
         outcome = "miss" if self.options.mode == "use" else "refresh"
         return compiled, name, self._store_files(store, key, fields, work, seconds, outcome, reason)
+
+    def _with_needed_files(self, store: CacheStore, entry: Entry) -> dict[str, bytes]:
+        """The entry's files, and the kernel files of the entries it needs (NEEDS_FILE): the ones this
+        model lowered or loaded before it, in the process that stored it. Inductor builds a kernel once
+        per process, into the lowering that first needed it, so a later graph's entry may lack a kernel
+        it runs; loaded in another order (a region left eager, a new model) it would be built again."""
+        files = {name: data for name, data in entry.files.items() if name != NEEDS_FILE}
+        for key in self._needs(entry):
+            try:
+                needed = store.read(key)
+            except (CacheError, OSError) as exc:
+                log.info("Kiln: entry %s needs entry %s, which cannot be read (%s); Inductor builds what it lacks",
+                         entry.key, key, exc)
+                continue
+            if needed is None:
+                continue
+            for name, data in needed.files.items():
+                if name not in files and name != NEEDS_FILE and name.split("/")[0] not in GRAPH_FOLDERS:
+                    files[name] = data
+        self._seen.append(entry.key)
+        return files
+
+    def _needs(self, entry: Entry) -> list[str]:
+        """The keys in the entry's NEEDS_FILE, read as untrusted data (a bad list is ignored, said once)."""
+        data = entry.files.get(NEEDS_FILE)
+        if data is None:
+            return []
+        try:
+            keys = json.loads(data)
+            if not (isinstance(keys, list) and len(keys) <= MAX_NEEDS
+                    and all(isinstance(k, str) and KEY_PATTERN.fullmatch(k) for k in keys)):
+                raise ValueError(f"not a list of at most {MAX_NEEDS} entry keys")
+        except ValueError as exc:
+            log.warning("Kiln: entry %s: ignored its %s (%s)", entry.key, NEEDS_FILE, exc)
+            return []
+        for key in keys:
+            if key not in self._seen:
+                self._seen.append(key)
+        return keys
 
     def read_record(self, fields: dict, name: str) -> Optional[bytes]:
         """The file `name` of the entry keyed by `fields`: a small record kept beside the graphs (a
@@ -175,12 +222,16 @@ class GraphCache:
                                                "(see TORCH_LOGS=+inductor for its bypass reason)".lstrip("; "), key)
             log.warning("Kiln: %s", event.line())
             return event
+        needs = [seen for seen in self._seen if seen != key][-MAX_NEEDS:]
+        if needs:
+            files[NEEDS_FILE] = json.dumps(needs).encode()
         entry = Entry(key=key, fields=fields, files=files, compile_seconds=seconds)
         try:
             size = store.write(entry)
         except (CacheError, OSError) as exc:
             self._disable_for(exc)
             return CacheEvent(label, outcome, f"{reason}; not stored: {_why(exc)}".lstrip("; "), key)
+        self._seen.append(key)
         event = CacheEvent(label, outcome, reason, key, entry_bytes=size)
         log.info("Kiln: %s", event.line())
         return event

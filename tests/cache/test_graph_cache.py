@@ -1,6 +1,7 @@
 """GraphCache around a lowering, with a stand-in lowering that writes Inductor-like files (no compile):
 hit, miss, refresh, refused entries, and a cache that cannot be used or written."""
 import errno
+import json
 import logging
 import os
 
@@ -260,3 +261,64 @@ def test_a_link_below_the_allowed_directory_is_refused(tmp_path):
     options = CacheOptions(dir=str(allowed / "link" / "cache"), within=(str(allowed),))
     _, _, event = GraphCache(options).lower(FakeLowering(), dict(FIELDS))
     assert event.outcome == "unavailable" and "symbolic link" in event.reason and os.listdir(outside) == []
+
+
+class KernelLowering:
+    """A lowering of graph `graph` that runs `kernels`, like Inductor: a kernel is built once per process
+    (`built` stands for Inductor's in-memory kernel cache) into the directory of the lowering that first
+    needs it, and loaded from the current directory when it is there."""
+
+    def __init__(self, graph: str, kernels: tuple, built: set):
+        self.graph, self.kernels, self.built, self.builds = graph, kernels, built, 0
+
+    def __call__(self):
+        from torch._dynamo.utils import counters
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        record = os.path.join(cache_dir(), "fxgraph", self.graph)
+        counters["inductor"]["fxgraph_cache_hit" if os.path.exists(record) else "fxgraph_cache_miss"] += 1
+        os.makedirs(os.path.dirname(record), exist_ok=True)
+        if not os.path.exists(record):
+            open(record, "w").write("graph")
+        for kernel in self.kernels:
+            path = os.path.join(cache_dir(), "ke", kernel + ".so")
+            if kernel in self.built or os.path.exists(path):
+                self.built.add(kernel)
+                continue
+            self.builds += 1
+            self.built.add(kernel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").write(kernel)
+        return (lambda x: x), "inductor"
+
+
+def test_an_entry_loaded_without_the_ones_before_it_brings_the_kernels_they_built(tmp_path):
+    """Process 1 lowers A then B; B's kernel k2 was built into A's entry. Process 2 loads only B (A
+    runs eagerly there): B's entry names A as needed, so k2 comes from A's entry, nothing is built."""
+    options = CacheOptions(dir=str(tmp_path))
+    first, built = GraphCache(options), set()
+    first.lower(KernelLowering("A", ("k1", "k2"), built), dict(FIELDS, graph="A"))
+    first.lower(KernelLowering("B", ("k2", "k3"), built), dict(FIELDS, graph="B"))
+    first.write_record(dict(FIELDS, graph="choice"), "region-choice.json", b"{}")  # a record: no kernels, not needed
+    store = CacheStore(str(tmp_path), 2**30)
+    b_entry = store.read(entry_key(dict(FIELDS, graph="B")))
+    assert sorted(b_entry.files) == ["fxgraph/B", "ke/k3.so", "kiln-needs.json"]
+    assert json.loads(b_entry.files["kiln-needs.json"]) == [entry_key(dict(FIELDS, graph="A"))]
+    lowering = KernelLowering("B", ("k2", "k3"), set())  # a new process: nothing built yet
+    _, _, event = GraphCache(options).lower(lowering, dict(FIELDS, graph="B"))
+    assert event.outcome == "hit" and lowering.builds == 0
+
+
+def test_a_needs_list_that_is_not_one_is_ignored_and_inductor_builds_what_is_missing(tmp_path, caplog):
+    options = CacheOptions(dir=str(tmp_path))
+    first, built = GraphCache(options), set()
+    first.lower(KernelLowering("A", ("k1", "k2"), built), dict(FIELDS, graph="A"))
+    first.lower(KernelLowering("B", ("k2",), built), dict(FIELDS, graph="B"))
+    store = CacheStore(str(tmp_path), 2**30)
+    entry = store.read(entry_key(dict(FIELDS, graph="B")))
+    entry.files["kiln-needs.json"] = b'["../../etc/passwd"]'
+    store.write(entry)  # signed with the user's key, yet not a list of keys: read as untrusted all the same
+    lowering = KernelLowering("B", ("k2",), set())
+    _, _, event = GraphCache(options).lower(lowering, dict(FIELDS, graph="B"))
+    assert event.outcome == "hit" and lowering.builds == 1
+    assert "ignored its kiln-needs.json (not a list of at most 256 entry keys)" in caplog.text
