@@ -48,7 +48,7 @@ class CompileOptions:
     compile_unit: "auto" | "blocks" | "whole" (COMPILE_UNITS, compiler/blocks.py): compile each
         distinct block once and share it between identical blocks, or the whole model as one graph.
     measure_regions: by blocks, time each region's first call compiled and eagerly and keep the
-        faster, and leave a block class uncompiled once its first regions measured no faster
+        faster, and leave a block class uncompiled once its first regions gained under 10%
         (compiler/region_choice.py); false compiles every region with something to fuse.
     """
 

@@ -14,10 +14,12 @@ in Kiln's cache under the region's signature, the inputs' shapes and the environ
 start with the cache finds it before capturing: a region measured slower is not captured again.
 
 Most of a first compile is spent on regions of one class (SD1.5: 13 of its 16 lowered regions are
-ResNet blocks of different widths), so a class is judged by its first regions: once the first
-PREDICT_AFTER regions of a block class measured no faster compiled, taken together, the class's
-other regions on that model are not compiled at all and run eagerly, said as such
-(`ClassVerdicts`). A class whose first regions pay keeps every region compiled and measured.
+ResNet blocks of different widths), each costing seconds to lower, so a class is judged by its first
+regions: once the first PREDICT_AFTER regions of a block class, taken together, gained less than
+CLASS_MIN_GAIN compiled, the class's other regions on that model are not compiled at all and run
+eagerly, said as such (`ClassVerdicts`); a marginal gain is not worth more seconds of compiling, and
+a rule at 3% would flip between runs on noise. A class whose first regions gain more keeps every
+region compiled and measured.
 
 Not measured (the region stays compiled, as before): a block with hooks, or with ComfyUI patches a
 block calls (a patch may keep state, and measuring runs the block 2 x ROUNDS more times), a region
@@ -41,6 +43,7 @@ from . import compat
 ROUNDS = 5          # interleaved rounds; the median of each side
 MIN_GAIN = 0.03     # compiled must be at least 3% faster than eager to stay compiled
 PREDICT_AFTER = 2   # regions of one block class measured before its other regions follow them
+CLASS_MIN_GAIN = 0.10  # ... and what those regions must gain together for the class's others to be compiled
 CHOICE_FILE = "region-choice.json"
 MAX_CHOICE_BYTES = 1024
 
@@ -88,8 +91,8 @@ class RegionTiming:
 
 class ClassVerdicts:
     """What the regions of each block class measured so far, on one model: once the first
-    PREDICT_AFTER regions of a class, together, measured no faster compiled, the class's other
-    regions are not compiled either (each would cost a lowering to find the same)."""
+    PREDICT_AFTER regions of a class, together, gained less than CLASS_MIN_GAIN compiled, the class's
+    other regions are not compiled either (each would cost a lowering to gain as little)."""
 
     def __init__(self):
         self.measured: dict[str, list[tuple[str, RegionTiming]]] = {}
@@ -103,11 +106,11 @@ class ClassVerdicts:
         if len(first) < PREDICT_AFTER:
             return ""
         together = RegionTiming(sum(t.compiled_ms for _, t in first), sum(t.eager_ms for _, t in first))
-        if together.compiled_pays:
+        if together.compiled_ms <= together.eager_ms * (1 - CLASS_MIN_GAIN):
             return ""
         names = ", ".join(name for name, _ in first)
-        return (f"not compiled: the first {PREDICT_AFTER} regions of its class ({names}) measured no faster "
-                f"compiled together ({together.line()})")
+        return (f"not compiled: the first {PREDICT_AFTER} regions of its class ({names}) gained less than "
+                f"{CLASS_MIN_GAIN:.0%} compiled together ({together.line()})")
 
 
 def why_not_measured(block: torch.nn.Module, patched: bool) -> str:

@@ -26,7 +26,7 @@ A region with something to fuse is timed on its first call, right after it compi
 eagerly on copies of the same inputs, and stays compiled only where that is faster
 (compiler/region_choice.py): on a CPU most of SD1.5's ResNet blocks are not. The choice is kept in
 Kiln's cache, so a later start never captures a region measured slower; and once the first regions
-of a block class measured no faster compiled, the class's other regions are not compiled at all.
+of a block class gained less than 10% compiled, the class's other regions are not compiled at all.
 
 Per region, as the whole model has it: the first call compiles (with the region named in the
 progress, the log and the stats); a failed compile sends that region, and only it, to eager with the
@@ -166,8 +166,8 @@ class CompiledRegion:
         return True
 
     def _eager_by_class(self, args: tuple, kwargs: dict) -> bool:
-        """Before the region's first capture: whether the first regions of its block class measured
-        no faster compiled (region_choice.ClassVerdicts); then it is not compiled."""
+        """Before the region's first capture: whether the first regions of its block class gained too
+        little compiled (region_choice.ClassVerdicts); then it is not compiled."""
         why = "" if self.decided else self.verdicts.predicted_eager(self.region.block_class)
         if not why or self._may_measure(args, kwargs) is None:
             return False

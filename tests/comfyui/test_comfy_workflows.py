@@ -14,7 +14,6 @@ weights are enough: every image is compared with the same workflow run without K
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -35,6 +34,8 @@ if not CHECKPOINT.exists() or not LORA.exists():
 
 from kiln.client.comfy import ComfyClient  # noqa: E402
 from kiln.client.workflow import KILN_COMPILE_NODES, check_prompt, ui_to_api, without_nodes  # noqa: E402
+from kiln.testing.comfy_server import comfy_server  # noqa: E402
+from kiln.testing.comfy_server import make_base_dir as make_linked_base_dir  # noqa: E402
 from comfy_testing import save_tiny_controlnet  # noqa: E402
 
 REPO = Path(__file__).parents[2]
@@ -61,50 +62,23 @@ def make_base_dir(base: Path) -> None:
     """A ComfyUI base directory: Kiln as a custom node pack, and each model file the workflows name,
     linked to a random-weight stand-in (the SD1.5 ones are real tiny models; SDXL and Flux names only
     need to exist for the definition check)."""
-    (base / "custom_nodes").mkdir(parents=True)
-    (base / "custom_nodes" / "comfyui-kiln").symlink_to(REPO, target_is_directory=True)
-    (base / "input").mkdir()
-    shutil.copy(COMFY / "input" / "example.png", base / "input" / "example.png")
     controlnet = base / "tiny_controlnet.pth"
     save_tiny_controlnet(controlnet)
     stand_ins = {"checkpoints": CHECKPOINT, "loras": LORA, "controlnet": controlnet}
-    for folder, names in model_files(API_FILES).items():
-        for name in names:
-            target = base / "models" / folder / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.symlink_to(stand_ins.get(folder, CHECKPOINT))
+    models = {folder: {name: stand_ins.get(folder, CHECKPOINT) for name in names}
+              for folder, names in model_files(API_FILES).items()}
+    make_linked_base_dir(base, models)
+    shutil.copy(COMFY / "input" / "example.png", base / "input" / "example.png")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     base = tmp_path_factory.mktemp("comfy-base")
     make_base_dir(base)
-    log = open(base / "server.log", "w")
-    process = subprocess.Popen(
-        [sys.executable, "main.py", "--cpu", "--base-directory", str(base), "--listen", "127.0.0.1",
-         "--port", str(PORT), "--preview-method", "none", "--disable-auto-launch", "--use-pytorch-cross-attention"],
-        cwd=COMFY, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{PORT}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/object_info/KSampler", timeout=5):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"ComfyUI did not start: {(base / 'server.log').read_text()[-3000:]}")
-                time.sleep(0.5)
-        assert "IMPORT FAILED" not in (base / "server.log").read_text(), (base / "server.log").read_text()[-3000:]
-        with urllib.request.urlopen(f"{url}/object_info", timeout=60) as response:
-            yield url, json.load(response), base
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
+    with comfy_server(COMFY, base, PORT) as (url, object_info):
+        yield url, object_info, base
 
 
-@pytest.mark.parametrize("path", API_FILES, ids=lambda p: p.name)
 def test_an_api_workflow_passes_the_servers_node_definitions(server, path):
     _, object_info, _ = server
     assert check_prompt(json.loads(path.read_text()), object_info) == []
@@ -275,3 +249,18 @@ def test_the_step_cache_server_bench_runs_every_setting_the_server_has(server, t
     assert rows[("kiln compile", "no cache")]["psnr_min"] >= 40   # Kiln's compile: the eager image
     assert rows[("eager", "kiln reuse default")]["psnr_min"] > 0
     assert all(r["seconds"] > 0 and 0 <= r["ssim_min"] <= 1.0 + 1e-6 for r in result["rows"])
+
+
+@pytest.mark.slow
+def test_the_first_image_bench_starts_a_cold_server_per_variant(tmp_path):
+    """benchmarks/first_image_server.py must not rot: eager and Kiln's compile, one step at 64x64, each in
+    a server of its own with its own Inductor cache."""
+    from kiln.benchmarks import first_image_server
+
+    result = first_image_server.run(COMFY, CHECKPOINT, sys.executable, ["eager", "kiln"], steps=1, size=64,
+                                    port=PORT + 5, folder=tmp_path, log=lambda msg: None)
+    rows = {row["variant"]: row for row in result["rows"]}
+    assert rows["eager"]["first_image_s"] > 0 and rows["kiln"]["next_image_s"] > 0
+    assert min(rows["kiln"]["psnr_db"]) >= 40   # Kiln's compile: the eager image
+    assert any((tmp_path / "kiln" / "inductor-cache").iterdir())  # Kiln's server compiled into its own cache
+    assert "kiln" in first_image_server.format_table(result)
