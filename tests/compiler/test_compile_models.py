@@ -39,7 +39,9 @@ def test_sd15_by_blocks_lowers_every_pass():
     spec = MODELS["sd15"]
     unet = spec.build("tiny")
     args, kwargs = spec.inputs(unet, batch=2)
-    compiled = kiln.compile(unet, options=kiln.CompileOptions(mode="balanced", passes=ALL_ON, compile_unit="blocks"))
+    # every region lowered, whatever it measures (tests/compiler/test_region_choice.py: which stay compiled)
+    compiled = kiln.compile(unet, options=kiln.CompileOptions(mode="balanced", passes=ALL_ON, compile_unit="blocks",
+                                                              measure_regions=False))
     with torch.no_grad():
         assert rel_err(compiled(*args, **kwargs)[0], unet(*args, **kwargs)[0]) < 1e-4
     info = kiln.stats(compiled)
