@@ -266,7 +266,7 @@ class KilnBackend:
         the region's whole block, let the region run its blocks eagerly from now on."""
         if not self.graphs and not breaks:
             self.kept_eager = why
-            self.stats.regions_eager[self.region] = why
+            self.stats.keep_eager(self.region, "nothing_to_fuse", why)
         record = GraphCompile(
             index=index, reason=f"{reason}; kept eager, {why}", lowering="eager", input_shapes=_user_input_shapes(gm),
             nodes=len(gm.graph.nodes), rewrites={}, skipped={}, seconds=time.perf_counter() - start,

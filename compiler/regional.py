@@ -172,7 +172,7 @@ class CompiledRegion:
         if not why or self._may_measure(args, kwargs) is None:
             return False
         self.decided = True
-        self._keep_eager(why)
+        self._keep_eager("class", why)
         self.backend.report(f"kept eager: {why}", 1, 1)
         return True
 
@@ -181,13 +181,13 @@ class CompiledRegion:
         self.verdicts.record(self.region.block_class, self.region.name, timing)
         why = timing.reason()
         if why:
-            self._keep_eager(why + source)
+            self._keep_eager("measured", why + source)
         else:
             log.info("Kiln: %s: region %s stays compiled: %s%s", self.label, self.region.name, timing.line(), source)
 
-    def _keep_eager(self, why: str) -> None:
+    def _keep_eager(self, kind: str, why: str) -> None:
         self.backend.kept_eager = why
-        self.stats.regions_eager[self.region.name] = why
+        self.stats.keep_eager(self.region.name, kind, why)
         log.info("Kiln: %s: region %s runs eagerly: %s", self.label, self.region.name, why)
 
     def _choice_fields(self, args: tuple, kwargs: dict, device: str) -> dict:

@@ -58,6 +58,14 @@ class VariantRecord:
                 f"{' (evicted)' if self.evicted else ''}")
 
 
+# why a region of a model compiled by blocks runs eagerly by choice, as the node's line counts them
+EAGER_KINDS = {
+    "nothing_to_fuse": "nothing to fuse",                                # compiler/fusible.py
+    "measured": "measured no faster compiled",                           # compiler/region_choice.py
+    "class": "not compiled after their class's first",                   # region_choice.ClassVerdicts
+}
+
+
 @dataclass
 class KilnStats:
     options: dict
@@ -70,7 +78,8 @@ class KilnStats:
     cache: list = field(default_factory=list)  # CacheEvents (compiler/cache): hit or miss per lowering, and why
     regions: list = field(default_factory=list)  # compiled by blocks: the Regions (compiler/blocks.py); [] for whole
     region_fallbacks: dict = field(default_factory=dict)  # region name -> why its compile failed (its blocks run eagerly)
-    regions_eager: dict = field(default_factory=dict)  # region name -> why it runs eagerly by choice (nothing to fuse, measured slower)
+    regions_eager: dict = field(default_factory=dict)  # region name -> why it runs eagerly by choice
+    eager_kinds: dict = field(default_factory=dict)  # region name -> which kind of choice (EAGER_KINDS)
     region_timings: dict = field(default_factory=dict)  # region name -> RegionTiming: its first call, compiled and eager
 
     @property
@@ -99,13 +108,17 @@ class KilnStats:
             line += f", {len(self.regions_eager)} region(s) eager by choice ({self._eager_kinds()})"
         return line
 
+    def keep_eager(self, region: str, kind: str, why: str) -> None:
+        """Region `region` runs eagerly by choice: `kind` (an EAGER_KINDS key) and why, in words."""
+        if kind not in EAGER_KINDS:
+            raise ValueError(f"unknown kind of eager region {kind!r}; one of {', '.join(EAGER_KINDS)}")
+        self.regions_eager[region] = why
+        self.eager_kinds[region] = kind
+
     def _eager_kinds(self) -> str:
         """'5 nothing to fuse, 2 measured no faster compiled, 9 not compiled after their class's first'."""
-        counts = Counter("measured no faster compiled" if name in self.region_timings
-                         else "nothing to fuse" if why.startswith("nothing for Inductor to fuse")
-                         else "not compiled after their class's first" for name, why in self.regions_eager.items())
-        order = ("nothing to fuse", "measured no faster compiled", "not compiled after their class's first")
-        return ", ".join(f"{counts[kind]} {kind}" for kind in order if counts[kind])
+        counts = Counter(self.eager_kinds.values())
+        return ", ".join(f"{counts[kind]} {words}" for kind, words in EAGER_KINDS.items() if counts[kind])
 
     def variant_counts(self) -> dict[str, int]:
         """How each shape signature was served: {"compiled": n, "reused": n, "specialised": n}."""
@@ -152,5 +165,5 @@ class KilnStats:
                 "variants": [asdict(v) for v in self.variants], "evictions": self.evictions,
                 "cache": [asdict(event) for event in self.cache],
                 "regions": [asdict(region) for region in self.regions], "region_fallbacks": self.region_fallbacks,
-                "regions_eager": self.regions_eager,
+                "regions_eager": self.regions_eager, "eager_kinds": self.eager_kinds,
                 "region_timings": {name: asdict(timing) for name, timing in self.region_timings.items()}}
