@@ -127,7 +127,7 @@ class GraphCache:
             for name, data in needed.files.items():
                 if name not in files and name != NEEDS_FILE and name.split("/")[0] not in GRAPH_FOLDERS:
                     files[name] = data
-        self._seen.append(entry.key)
+        self._saw(entry.key)
         return files
 
     def _needs(self, entry: Entry) -> list[str]:
@@ -144,9 +144,12 @@ class GraphCache:
             log.warning("Kiln: entry %s: ignored its %s (%s)", entry.key, NEEDS_FILE, exc)
             return []
         for key in keys:
-            if key not in self._seen:
-                self._seen.append(key)
+            self._saw(key)
         return keys
+
+    def _saw(self, key: str) -> None:
+        if key not in self._seen:
+            self._seen.append(key)
 
     def read_record(self, fields: dict, name: str) -> Optional[bytes]:
         """The file `name` of the entry keyed by `fields`: a small record kept beside the graphs (a
@@ -231,7 +234,7 @@ class GraphCache:
         except (CacheError, OSError) as exc:
             self._disable_for(exc)
             return CacheEvent(label, outcome, f"{reason}; not stored: {_why(exc)}".lstrip("; "), key)
-        self._seen.append(key)
+        self._saw(key)
         event = CacheEvent(label, outcome, reason, key, entry_bytes=size)
         log.info("Kiln: %s", event.line())
         return event
