@@ -106,6 +106,8 @@ class KilnStats:
         line = f"{blocks} blocks in {len(self.regions)} regions (one compiled code each), {self.compile_count} graph(s)"
         if self.regions_eager:
             line += f", {len(self.regions_eager)} region(s) eager by choice ({self._eager_kinds()})"
+            if len(self.regions_eager) == len(self.regions):
+                line += "; no region is faster compiled here, so the model runs as it does eagerly"
         return line
 
     def keep_eager(self, region: str, kind: str, why: str) -> None:

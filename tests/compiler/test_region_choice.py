@@ -207,6 +207,18 @@ def test_measuring_a_block_that_updates_its_input_in_place_changes_nothing():
     assert list(kiln.stats(compiled).region_timings) == ["InPlace#1"]
 
 
+def test_when_no_region_pays_the_line_says_the_model_runs_as_it_does_eagerly(timings):
+    timings += [(2.0, 1.0), (2.0, 1.0)]
+    module, x = _net(), torch.randn(2, 4, 8, 8)
+    compiled = kiln.compile(module, mode="balanced")
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-5
+    info = kiln.stats(compiled)
+    assert info.fallback is None and info.units_line().endswith(
+        "2 region(s) eager by choice (2 measured no faster compiled); no region is faster compiled here, "
+        "so the model runs as it does eagerly")
+
+
 def test_measure_regions_false_keeps_every_region_with_something_to_fuse_compiled(timings):
     timings += [(2.0, 1.0), (2.0, 1.0)]
     module, x = _net(), torch.randn(2, 4, 8, 8)
