@@ -112,3 +112,17 @@ def comfy_quantized(state_dict: dict, file_format: str, per_row: bool = False, s
         out[f"{layer}.weight_scale"] = scale
         out[f"{layer}.comfy_quant"] = marker.clone()
     return out
+
+
+EVERY_REGION = "measure_regions: false"
+
+
+def compile_unet(model, mode="fast", advanced="", **inputs):
+    """Kiln › Compile UNet with every region with something to fuse compiled, whatever it measures:
+    these tests check what runs through compiled regions (on a CPU most regions measure no faster
+    and would run eagerly; the measured choice has tests of its own)."""
+    from kiln.nodes.compile_unet import KilnCompileUNet
+
+    return KilnCompileUNet().compile(model, mode=mode, advanced="\n".join(filter(None, (EVERY_REGION, advanced))),
+                                     **inputs)
+

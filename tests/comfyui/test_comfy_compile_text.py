@@ -11,15 +11,14 @@ if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
 pytest.importorskip("comfy.model_management")
 
 from kiln.nodes import plan_wrapper  # noqa: E402
-from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
-from comfy_testing import make_tiny_sd15_patcher, sample  # noqa: E402
+from comfy_testing import compile_unet, make_tiny_sd15_patcher, sample  # noqa: E402
 
 
 def test_compile_unet_shows_its_compiles_then_nothing_for_a_reused_shape(monkeypatch):
     shown, sent = [], []
     monkeypatch.setattr(plan_wrapper, "show_text", lambda node, text: shown.append((node, text)))
     monkeypatch.setattr(plan_wrapper, "send_events", lambda node, events: sent.extend((node, e) for e in events))
-    model, _ = KilnCompileUNet().compile(make_tiny_sd15_patcher(seed=1), mode="fast", unique_id="11")
+    model, _ = compile_unet(make_tiny_sd15_patcher(seed=1), mode="fast", unique_id="11")
     sample(model, steps=1)
     assert shown and {node for node, _ in shown} == {"11"} == {node for node, _ in sent}
     lines = [line for _, text in shown for line in text.splitlines()]

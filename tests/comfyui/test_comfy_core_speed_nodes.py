@@ -19,9 +19,8 @@ pytest.importorskip("comfy.model_management")  # conftest.py put COMFYUI_PATH on
 import torch  # noqa: E402
 from comfy_api.torch_helpers import set_torch_compile_wrapper  # noqa: E402
 
-from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.plan_wrapper import CORE_REPLACED, CORE_SKIPPED  # noqa: E402
-from comfy_testing import kiln_stats, make_tiny_sd15_patcher, sample  # noqa: E402
+from comfy_testing import compile_unet, kiln_stats, make_tiny_sd15_patcher, sample  # noqa: E402
 from testing_utils import psnr  # noqa: E402
 
 easycache = pytest.importorskip("comfy_extras.nodes_easycache")
@@ -43,7 +42,7 @@ def base():
 
 def kiln(model):
     """Kiln › Compile UNet in mode fast (the default compile unit: blocks); (model, report)."""
-    return KilnCompileUNet().compile(model, mode="fast")
+    return compile_unet(model, mode="fast")
 
 
 

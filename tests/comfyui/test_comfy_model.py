@@ -13,21 +13,21 @@ pytest.importorskip("comfy.model_management")  # conftest.py put COMFYUI_PATH on
 from kiln.compiler import KilnPlan, Lowering, build_options, compat, model_for  # noqa: E402
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.plan_wrapper import PLAN_KEY  # noqa: E402
-from comfy_testing import lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
+from comfy_testing import compile_unet, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
 from testing_utils import rel_err  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def compiled():
     base = make_tiny_sd15_patcher()
-    model, report = KilnCompileUNet().compile(base, mode="fast")
+    model, report = compile_unet(base, mode="fast")
     return base, model, report
 
 
 def test_node_reports_and_returns_a_clone(compiled):
     base, model, report = compiled
     assert model is not base and "Kiln will run UNetModel's plan on its first sampling step: compile (fast" in report
-    assert model.model_options[PLAN_KEY] == KilnPlan(compile=build_options("fast").compile)
+    assert model.model_options[PLAN_KEY] == KilnPlan(compile=build_options("fast", measure_regions=False).compile)
     assert PLAN_KEY not in base.model_options  # the node never changes the MODEL it was given
 
 
@@ -80,7 +80,7 @@ def test_new_batches_and_resolutions_run_without_compiling(compiled):
 
 def test_node_rerun_reuses_the_compiled_module(compiled):
     base, model, _ = compiled
-    again, _ = KilnCompileUNet().compile(base, mode="fast")
+    again, _ = compile_unet(base, mode="fast")
     assert _kiln_model(again) is _kiln_model(model)
 
 
@@ -90,7 +90,7 @@ def test_lora_before_or_after_the_node_gives_the_same_plan_module_and_image(comp
     patches = lora_like_patches(base, seed=11)
     lora_first = base.clone()
     lora_first.add_patches(patches, 0.5)
-    lora_then_compile, _ = KilnCompileUNet().compile(lora_first, mode="fast")
+    lora_then_compile, _ = compile_unet(lora_first, mode="fast")
     compile_then_lora = model.clone()
     compile_then_lora.add_patches(patches, 0.5)
     assert lora_then_compile.model_options[PLAN_KEY] == compile_then_lora.model_options[PLAN_KEY]
@@ -109,7 +109,7 @@ def test_a_cancel_during_the_compile_stops_the_prompt_and_the_next_one_compiles(
     import comfy.utils
 
     base = make_tiny_sd15_patcher(seed=2)
-    model, _ = KilnCompileUNet().compile(base, mode="fast")
+    model, _ = compile_unet(base, mode="fast")
 
     def cancelled(value, total, preview, node_id=None):
         raise comfy.model_management.InterruptProcessingException()
@@ -127,7 +127,7 @@ def test_a_cancel_during_the_compile_stops_the_prompt_and_the_next_one_compiles(
 def test_an_old_torch_runs_the_prompt_eagerly_with_the_reason_in_the_report(monkeypatch):
     monkeypatch.setattr(compat, "torch_version", lambda: (2, 3))
     base = make_tiny_sd15_patcher(seed=4)
-    model, report = KilnCompileUNet().compile(base, mode="fast")
+    model, report = compile_unet(base, mode="fast")
     assert model is base and "older than 2.5" in report
     assert rel_err(sample(model), sample(base)) == 0
 
@@ -138,20 +138,40 @@ def test_a_failed_compile_runs_eagerly_and_says_so(monkeypatch, caplog):
 
     monkeypatch.setattr(Lowering, "lower", broken_lowering)
     base = make_tiny_sd15_patcher(seed=1)
-    model, _ = KilnCompileUNet().compile(base, mode="fast")
+    model, _ = compile_unet(base, mode="fast")
     assert rel_err(sample(model), sample(base)) < 1e-6  # the prompt still completes, eagerly
     assert "lowering exploded" in _stats(model).fallback
     assert "runs eagerly from now on" in caplog.text
-    again, report = KilnCompileUNet().compile(base, mode="fast")
+    again, report = compile_unet(base, mode="fast")
     assert again is base and "lowering exploded" in report
 
 
 def test_compile_unit_whole_in_the_advanced_options_compiles_one_graph():
     base = make_tiny_sd15_patcher(seed=6)
-    model, _ = KilnCompileUNet().compile(base, mode="fast", advanced="compile_unit: whole")
+    model, _ = compile_unet(base, mode="fast", advanced="compile_unit: whole")
     assert rel_err(sample(model), sample(base)) < 1e-4
     info = _stats(model)
     assert not info.regions and info.compile_count == 1 and not info.recompiles, info.summary()
+
+
+@pytest.mark.slow
+def test_by_default_a_region_stays_compiled_only_where_it_measures_faster():
+    """Compile UNet as a user adds it: each region is compiled and kept, or runs eagerly with a kind the
+    node's line counts (measured no faster, nothing to fuse, or not compiled after its class's first);
+    the image is eager's and a new size compiles nothing."""
+    base = make_tiny_sd15_patcher(seed=6)
+    model, _ = KilnCompileUNet().compile(base, mode="balanced")
+    assert rel_err(sample(model), sample(base)) < 1e-4
+    info = _stats(model)
+    assert info.regions and info.fallback is None and not info.region_fallbacks, info.summary()
+    lowered = {c.region for c in info.compiles if c.lowering != "eager"}
+    for region in info.regions:
+        kind = info.eager_kinds.get(region.name)
+        assert (region.name in lowered) == (kind in (None, "measured")), info.summary()
+    assert set(info.region_timings) == lowered, info.summary()  # every region lowered was measured
+    graphs = info.compile_count
+    assert rel_err(sample(model, size=24), sample(base, size=24)) < 1e-4
+    assert info.compile_count == graphs, info.summary()
 
 
 def test_invalid_advanced_options_fail_with_the_key():

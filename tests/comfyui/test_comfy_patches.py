@@ -26,8 +26,7 @@ from comfy_extras import nodes_freelunch, nodes_model_advanced, nodes_perpneg, n
 
 from kiln.compiler import model_for  # noqa: E402
 from kiln.nodes.compile_controlnet import KilnCompileControlNet  # noqa: E402
-from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
-from comfy_testing import TINY_SD15, make_tiny_controlnet, make_tiny_sd15_patcher  # noqa: E402
+from comfy_testing import TINY_SD15, compile_unet, make_tiny_controlnet, make_tiny_sd15_patcher  # noqa: E402
 from testing_utils import psnr, rel_err  # noqa: E402
 
 # num_res_blocks per level, as ComfyUI's model detection writes it: its LoRA key map needs the list
@@ -79,7 +78,7 @@ def unit(request):
 
 def kiln(model):
     """Kiln › Compile UNet, as a user's graph chains it."""
-    return KilnCompileUNet().compile(model, mode="fast", advanced=f"compile_unit: {UNIT['compile_unit']}")[0]
+    return compile_unet(model, mode="fast", advanced=f"compile_unit: {UNIT['compile_unit']}")[0]
 
 
 def eager(model):

@@ -18,9 +18,8 @@ import folder_paths  # noqa: E402
 import safetensors.torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-from comfy_testing import DETECTABLE_SD15, comfy_quantized, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
+from comfy_testing import DETECTABLE_SD15, comfy_quantized, compile_unet, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
 from kiln.compiler.quantize import SCHEMES, QuantizeError, QuantLinear, quantized_layers  # noqa: E402
-from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.plan_wrapper import PLAN_KEY, comfyui_version  # noqa: E402
 from kiln.nodes.quant_patcher import comfyui_quant_formats  # noqa: E402
 from kiln.nodes.quantize_model import KilnLoadQuantizedModel, KilnQuantizeModel, KilnSaveQuantizedModel  # noqa: E402
@@ -132,14 +131,14 @@ def test_lora_after_the_node_changes_the_output_as_in_eager(base, eager, quantiz
 def test_quantize_then_compile_matches_quantize_eager(quantized):
     model, _ = quantized["int8_dynamic"]
     plain = sample(model)
-    compiled, report = KilnCompileUNet().compile(model, mode="fast")
+    compiled, report = compile_unet(model, mode="fast")
     assert "quantize (int8_dynamic), then compile" in report
     torch.testing.assert_close(sample(compiled), plain, atol=1e-4, rtol=1e-4)
     assert rel_err(sample(compiled, batch=2, size=24), sample(model, batch=2, size=24)) < 1e-4
 
 
 def test_compile_then_quantize_keeps_the_compile_in_the_plan(base):
-    compiled, _ = KilnCompileUNet().compile(base, mode="fast")
+    compiled, _ = compile_unet(base, mode="fast")
     model, _ = KilnQuantizeModel().quantize(compiled, "int8_weight", policy=ALL_LAYERS)
     plan = model.model_options[PLAN_KEY]
     assert plan.quantize.scheme == "int8_weight" and plan.compile.mode == "fast"

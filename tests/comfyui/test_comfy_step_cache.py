@@ -22,9 +22,8 @@ import torch  # noqa: E402
 
 from kiln.choices import STEP_CACHE_METHODS  # noqa: E402
 from kiln.compiler import StepCacheError  # noqa: E402
-from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.step_cache import KilnStepCache  # noqa: E402
-from comfy_testing import kiln_stats, lora_like_patches, make_tiny_controlnet, make_tiny_sd15_patcher, sample  # noqa: E402
+from comfy_testing import compile_unet, kiln_stats, lora_like_patches, make_tiny_controlnet, make_tiny_sd15_patcher, sample  # noqa: E402
 
 STEPS = 10
 
@@ -113,8 +112,8 @@ def test_a_bad_setting_is_refused_by_name(base, setting, value, words):
 def test_with_kiln_compile_the_image_is_the_eager_one_and_new_settings_never_recompile(base, order, method, caplog):
     def chain(model, threshold):
         if order.startswith("step"):
-            return KilnCompileUNet().compile(step_cache(model, method=method, threshold=threshold)[0], mode="fast")[0]
-        return step_cache(KilnCompileUNet().compile(model, mode="fast")[0], method=method, threshold=threshold)[0]
+            return compile_unet(step_cache(model, method=method, threshold=threshold)[0], mode="fast")[0]
+        return step_cache(compile_unet(model, mode="fast")[0], method=method, threshold=threshold)[0]
 
     with caplog.at_level(logging.INFO, logger="kiln"):
         want = sample(step_cache(base, method=method, threshold=10.0)[0], steps=STEPS)
@@ -217,7 +216,7 @@ def test_it_composes_with_quantize_model_and_cache_graph(base, caplog, tmp_path)
 
     quantized = KilnQuantizeModel().quantize(base, "int8_weight", policy="min_params: 0")[0]
     cached_graphs = KilnCacheGraph().cache(quantized, cache="off")[0]
-    chain = step_cache(KilnCompileUNet().compile(cached_graphs, mode="fast")[0], threshold=10.0)[0]
+    chain = step_cache(compile_unet(cached_graphs, mode="fast")[0], threshold=10.0)[0]
     with caplog.at_level(logging.INFO, logger="kiln"):
         want = sample(step_cache(quantized, threshold=10.0)[0], steps=STEPS)
         got = sample(chain, steps=STEPS)

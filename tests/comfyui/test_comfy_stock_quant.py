@@ -21,7 +21,7 @@ quant_ops = pytest.importorskip("comfy.quant_ops")
 
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from comfy_testing import (COMFY_FORMATS, DETECTABLE_SD15, comfy_quantized, kiln_stats, lora_like_patches,  # noqa: E402
-                           make_tiny_sd15_patcher, sample)
+                           compile_unet, make_tiny_sd15_patcher, sample)
 from testing_utils import psnr, rel_err  # noqa: E402
 
 SIZES = (8, 12, 16)  # latent sizes: the first compiles, the first change may recompile a block once, then none
@@ -74,7 +74,7 @@ def test_compile_over_comfyuis_quantized_weights(stock):
 
 @pytest.mark.slow
 def test_a_lora_after_kiln_applies_to_comfyuis_quantized_weights(stock):
-    compiled, _ = KilnCompileUNet().compile(stock, mode="fast")
+    compiled, _ = compile_unet(stock, mode="fast")
     patches = lora_like_patches(stock, scale=0.05)
     with_lora, eager_lora = compiled.clone(), stock.clone()
     with_lora.add_patches(patches, 1.0)

@@ -18,9 +18,8 @@ import torch  # noqa: E402
 
 from kiln.nodes import plan_wrapper  # noqa: E402
 from kiln.nodes.compile_controlnet import KilnCompileControlNet  # noqa: E402
-from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.compile_vae import KilnCompileVAE  # noqa: E402
-from comfy_testing import make_tiny_controlnet, make_tiny_sd15_patcher  # noqa: E402
+from comfy_testing import compile_unet, make_tiny_controlnet, make_tiny_sd15_patcher  # noqa: E402
 from testing_utils import psnr  # noqa: E402
 
 # 4 levels of 32 channels: the 8x compression ComfyUI's VAE code assumes, at a tiny size
@@ -113,7 +112,7 @@ def test_compile_controlnet_samples_like_eager_across_strengths_without_recompil
     base = make_tiny_sd15_patcher(seed=0)
     control_net = make_tiny_controlnet()
     hint = torch.rand(1, 128, 128, 3)
-    kiln_unet = KilnCompileUNet().compile(base, mode="fast")[0]
+    kiln_unet = compile_unet(base, mode="fast")[0]
     kiln_control, report = KilnCompileControlNet().compile(control_net, mode="fast")
     assert "Kiln will compile ControlNet" in report and control_net.control_model is not kiln_control.control_model
     counts = []
