@@ -79,6 +79,7 @@ def server(tmp_path_factory):
         yield url, object_info, base
 
 
+@pytest.mark.parametrize("path", API_FILES, ids=lambda p: p.name)
 def test_an_api_workflow_passes_the_servers_node_definitions(server, path):
     _, object_info, _ = server
     assert check_prompt(json.loads(path.read_text()), object_info) == []
