@@ -19,3 +19,16 @@ def test_kiln_bench_prints_the_table_and_writes_json(tmp_path, capsys):
 def test_table_shows_failures():
     result = {"rows": [{"variant": "kiln max", "error": "BackendCompilerFailed: boom"}]}
     assert "kiln max                FAILED: BackendCompilerFailed: boom" in bench.format_table(result)
+
+
+def test_all_regions_adds_a_kiln_row_that_compiles_every_region_beside_each_unit_but_whole():
+    import torch
+
+    from kiln import compiler as kiln
+
+    module = torch.nn.Linear(4, 4)
+    variants = bench._variants(module, ["balanced"], None, ("auto", "whole"), all_regions=True)
+    assert [name for name in variants if name.startswith("kiln")] == ["kiln balanced", "kiln balanced all regions",
+                                                                       "kiln balanced whole"]
+    assert kiln.stats(variants["kiln balanced"]).options["measure_regions"] is True
+    assert kiln.stats(variants["kiln balanced all regions"]).options["measure_regions"] is False
