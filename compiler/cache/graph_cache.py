@@ -6,7 +6,9 @@ those files as one entry. On a hit the verified files are written into another f
 and the same lowering runs there: AOTAutograd and Inductor find their own entries (their keys
 still decide, so a hit Kiln got wrong would compile, never run stale code) and load instead of
 compiling. TorchDynamo's capture and Kiln's passes run in every process (they are what proves
-the guards); Inductor's work is what the cache saves.
+the guards); Inductor's work is what the cache saves. An entry also names the entries the model
+stored or loaded before it in that process (NEEDS_FILE), whose kernels it may run: Inductor builds a
+kernel once per process, so a load brings those kernels too, whatever order the graphs load in.
 """
 from __future__ import annotations
 
@@ -131,7 +133,7 @@ class GraphCache:
         return files
 
     def _needs(self, entry: Entry) -> list[str]:
-        """The keys in the entry's NEEDS_FILE, read as untrusted data (a bad list is ignored, said once)."""
+        """The keys in the entry's NEEDS_FILE, read as untrusted data (a bad list is ignored, with a warning)."""
         data = entry.files.get(NEEDS_FILE)
         if data is None:
             return []
