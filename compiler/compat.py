@@ -292,6 +292,17 @@ def has_forward_hooks(module: torch.nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
+def detect_cpu_vector_isa() -> None:
+    """Let Inductor probe the CPU's vector instruction sets now, in its own cache directory. It builds
+    a test program per instruction set into its current cache directory and keeps the answer for the
+    process (`torch._inductor.cpu_vec_isa.valid_vec_isa_list`, cached; checked: torch 2.5 - 2.14);
+    probed first inside a lowering under Kiln's cache, the programs went to that lowering's fresh
+    folder and every new process built them again (about 6 s on a 2-core CPU)."""
+    from torch._inductor import cpu_vec_isa
+
+    cpu_vec_isa.valid_vec_isa_list()
+
+
 def own_code(function, name: str):
     """A copy of `function` with a code object of its own, named `name`. TorchDynamo keeps compiled
     graphs and counts its recompile limit per code object (checked: torch 2.5 - 2.14): compiling a copy

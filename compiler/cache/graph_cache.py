@@ -93,6 +93,8 @@ class GraphCache:
         store = self.store()
         if store is None:
             return self._without_cache(lower, label, key)
+        if str(fields.get("device", "")).startswith("cpu"):
+            compat.detect_cpu_vector_isa()  # before Inductor's cache directory becomes the lowering's own
         entry, reason = None, ""
         try:
             if self.options.mode == "use":
