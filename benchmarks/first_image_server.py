@@ -28,7 +28,7 @@ from typing import Callable
 from ..client.comfy import ComfyClient, output_images
 from ..client.workflow import KILN_COMPILE_NODES, without_nodes
 from ..testing.comfy_server import comfy_server, make_base_dir
-from ..testing.load_run import psnr
+from ..testing.load_run import psnr, read_png_file
 from .step_cache_server import execution_seconds
 
 WORKFLOW = Path(__file__).parents[1] / "workflows" / "api" / "kiln_sd15_compile_api.json"
@@ -96,7 +96,7 @@ def run(comfyui: Path, checkpoint: Path, python: str, variants: list[str], steps
     reference = next((r for r in rows if r["variant"] == "eager" and "images" in r), None)
     for row in rows:
         if "images" in row and reference is not None:
-            row["psnr_db"] = [psnr(Path(mine).read_bytes(), Path(theirs).read_bytes())
+            row["psnr_db"] = [psnr(read_png_file(mine), read_png_file(theirs))
                               for mine, theirs in zip(row["images"], reference["images"])]
     return {"steps": steps, "size": size, "seeds": list(SEEDS), "checkpoint": checkpoint.name, "rows": rows,
             "folder": str(folder)}

@@ -30,7 +30,7 @@ from ..choices import STEP_CACHE_METHODS
 from ..client.comfy import ComfyClient, output_images
 from ..testing.digits_checkpoint import PROMPT
 from ..testing.image_quality import ssim, summary, summary_line
-from ..testing.load_run import psnr, read_png
+from ..testing.load_run import psnr, read_png, read_png_file
 
 WORKFLOW = Path(__file__).parents[1] / "workflows" / "api" / "kiln_sd15_step_cache_api.json"
 CHECKPOINT, COMPILE, CACHE, POSITIVE, NEGATIVE, LATENT, SAMPLER, SAVE = "1", "2", "3", "4", "5", "6", "7", "9"
@@ -95,7 +95,7 @@ def execution_seconds(record: dict) -> float:
 
 
 def _image(path: Path) -> tuple[bytes, torch.Tensor]:
-    data = path.read_bytes()
+    data = read_png_file(path)
     width, height, channels, pixels = read_png(data)
     tensor = torch.frombuffer(bytearray(pixels), dtype=torch.uint8).float().reshape(height, width, channels)
     return data, tensor.permute(2, 0, 1)

@@ -91,23 +91,47 @@ def mix(prompt: dict, count: int) -> list[tuple[dict, dict]]:
     return jobs
 
 
+MAX_PNG_BYTES = 256 * 2**20        # an image file a server sent: read whole, so bounded
+MAX_PNG_PIXELS = 16384 * 16384
+
+
+def read_png_file(path: Path) -> bytes:
+    """The bytes of an image file a server sent, refused (ValueError) past MAX_PNG_BYTES."""
+    size = Path(path).stat().st_size
+    if size > MAX_PNG_BYTES:
+        raise ValueError(f"{path}: {size} bytes, more than an image file's {MAX_PNG_BYTES}")
+    return Path(path).read_bytes()
+
+
 def read_png(data: bytes) -> tuple[int, int, int, bytes]:
-    """(width, height, channels, pixels) of an 8-bit non-interlaced PNG (what ComfyUI's SaveImage writes)."""
+    """(width, height, channels, pixels) of an 8-bit non-interlaced PNG (what ComfyUI's SaveImage writes).
+    The image is a server's answer: at most MAX_PNG_PIXELS, and its compressed rows are inflated only
+    to the size its header gives (a small file cannot unpack into gigabytes)."""
     if data[:8] != b"\x89PNG\r\n\x1a\n":
         raise ValueError("not a PNG")
     pos, chunks, header = 8, [], None
-    while pos < len(data):
+    while pos + 8 <= len(data):
         length, kind = struct.unpack(">I4s", data[pos:pos + 8])
         body, pos = data[pos + 8:pos + 8 + length], pos + 12 + length
-        if kind == b"IHDR":
+        if kind == b"IHDR" and len(body) == 13:
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
             chunks.append(body)
+    if header is None:
+        raise ValueError("a PNG without its IHDR header")
     width, height, depth, color, _, _, interlace = header
     channels = {0: 1, 2: 3, 4: 2, 6: 4}.get(color)
     if depth != 8 or channels is None or interlace:
         raise ValueError(f"a PNG of depth {depth}, color type {color}, interlace {interlace} is not read here")
-    raw, stride = zlib.decompress(b"".join(chunks)), width * channels
+    if not 0 < width * height <= MAX_PNG_PIXELS:
+        raise ValueError(f"a PNG of {width}x{height} pixels: at most {MAX_PNG_PIXELS} are read")
+    stride = width * channels
+    expected = height * (stride + 1)
+    inflate = zlib.decompressobj()
+    raw = inflate.decompress(b"".join(chunks), expected + 1)
+    if len(raw) != expected:
+        raise ValueError(f"a {width}x{height} PNG whose rows unpack to {'more' if len(raw) > expected else 'fewer'} "
+                         f"than {expected} bytes")
     pixels, previous = bytearray(), bytearray(stride)
     for y in range(height):
         kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
@@ -177,7 +201,7 @@ def summarize(records: list[dict], args: argparse.Namespace, out: Path) -> int:
         if len(ours["images"]) != len(reference["images"]):
             failures.append(f"prompt {number}: {len(ours['images'])} image(s) vs {len(reference['images'])} eager")
         for image, twin in zip(ours["images"], reference["images"]):
-            value = psnr(Path(image).read_bytes(), Path(twin).read_bytes())
+            value = psnr(read_png_file(image), read_png_file(twin))
             lowest = min(lowest, value)
             if value < 40:
                 failures.append(f"prompt {number} {settings}: PSNR {value:.1f} dB < 40")

@@ -337,3 +337,24 @@ def test_inductor_probes_the_cpu_before_its_cache_directory_becomes_the_lowering
     cache.lower(FakeLowering(), dict(FIELDS, device="cpu (x86_64)"))
     cache.lower(FakeLowering(), dict(FIELDS, graph="g2", device="cuda sm_90 (H100)"))
     assert len(probed_in) == 1 and str(tmp_path) not in probed_in[0]
+
+
+def test_a_needs_list_too_long_or_naming_a_damaged_entry_still_loads_its_own_entry(tmp_path, caplog):
+    options = CacheOptions(dir=str(tmp_path))
+    first, built = GraphCache(options), set()
+    first.lower(KernelLowering("A", ("k1", "k2"), built), dict(FIELDS, graph="A"))
+    first.lower(KernelLowering("B", ("k2",), built), dict(FIELDS, graph="B"))
+    store = CacheStore(str(tmp_path), 2**30)
+    a_key, b_key = entry_key(dict(FIELDS, graph="A")), entry_key(dict(FIELDS, graph="B"))
+    with open(store.path(a_key), "r+b") as f:  # A's bytes damaged: its signature no longer holds
+        f.seek(-40, os.SEEK_END)
+        f.write(b"\0" * 8)
+    lowering = KernelLowering("B", ("k2",), set())
+    _, _, event = GraphCache(options).lower(lowering, dict(FIELDS, graph="B"))
+    assert event.outcome == "hit" and lowering.builds == 1  # A refused: k2 built again, nothing else
+    entry = store.read(b_key)
+    entry.files["kiln-needs.json"] = json.dumps(["a" * 32] * 257).encode()
+    store.write(entry)
+    lowering = KernelLowering("B", ("k2",), set())
+    _, _, event = GraphCache(options).lower(lowering, dict(FIELDS, graph="B"))
+    assert event.outcome == "hit" and "not a list of at most 256 entry keys" in caplog.text

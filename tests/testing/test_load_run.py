@@ -162,3 +162,29 @@ def test_summary_names_each_check_that_fails(tmp_path, capsys):
     assert failures[2] == "3 recompiles > 2"
     assert failures[3] == "Kiln compiled after prompt 1: in prompt(s) 2"
     assert "load run: 4 check(s) failed" in capsys.readouterr().out
+
+
+def _chunk(kind, body):
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def test_a_png_a_server_sends_cannot_unpack_into_gigabytes_or_claim_any_size(tmp_path, monkeypatch):
+    bomb = zlib.compress(bytes(200 * 2**20), 9)  # 200 MiB of zeros in about 200 KiB
+    header = struct.pack(">IIBBBBB", 8, 8, 8, 2, 0, 0, 0)
+    png_bomb = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", bomb) + _chunk(b"IEND", b"")
+    with pytest.raises(ValueError, match="8x8 PNG whose rows unpack to more than 200 bytes"):
+        load_run.read_png(png_bomb)
+    huge = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+    with pytest.raises(ValueError, match="100000x100000 pixels"):
+        load_run.read_png(b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", huge) + _chunk(b"IDAT", zlib.compress(b"")))
+    with pytest.raises(ValueError, match="without its IHDR"):
+        load_run.read_png(b"\x89PNG\r\n\x1a\n" + _chunk(b"IDAT", zlib.compress(b"")))
+    short = png(2, 2, 3, bytes(12), [0])[:-40]  # cut inside the rows
+    with pytest.raises(ValueError):
+        load_run.read_png(short)
+    path = tmp_path / "big.png"
+    path.write_bytes(png(2, 2, 3, bytes(12), [0]))
+    assert load_run.read_png_file(path) == path.read_bytes()
+    monkeypatch.setattr(load_run, "MAX_PNG_BYTES", 10)
+    with pytest.raises(ValueError, match="more than an image file's 10"):
+        load_run.read_png_file(path)
