@@ -24,8 +24,9 @@ from .stats import GraphCompile, KilnStats
 log = logging.getLogger("kiln")
 
 
-def _graph_device(example_inputs) -> str:
-    for x in example_inputs:
+def device_type_of(values) -> str:
+    """The device type of the first floating-point tensor among `values` ("cpu" when none)."""
+    for x in values:
         if isinstance(x, torch.Tensor) and x.is_floating_point():
             return x.device.type
     return "cpu"
@@ -186,7 +187,7 @@ class KilnBackend:
         capture = start - (self._capture_from or start)
         reason = self._reason()
         breaks = self._graph_breaks()
-        device = _graph_device(example_inputs)
+        device = device_type_of(example_inputs)
         if self.options.cuda_graphs and device != "cuda" and not self._warned_cuda_graphs:
             self._warned_cuda_graphs = True
             log.warning("Kiln: cuda_graphs is on but the model runs on %s; CUDA graphs are not used", device)

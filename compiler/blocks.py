@@ -143,11 +143,11 @@ def regions_of(model: torch.nn.Module) -> list[tuple[Region, list[torch.nn.Modul
         groups.setdefault(key, []).append((path, block))
     per_class: Counter = Counter()
     regions = []
-    for index, members in enumerate(groups.values()):
+    for index, (key, members) in enumerate(groups.items()):
         cls = type(members[0][1]).__name__
         per_class[cls] += 1
         region = Region(index=index, name=f"{cls}#{per_class[cls]}", members=tuple(p for p, _ in members),
-                        signature=signatures.get(members[0][1]) or signature(members[0][1]))
+                        signature=key)
         regions.append((region, [b for _, b in members]))
     return regions
 

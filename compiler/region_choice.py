@@ -55,9 +55,13 @@ class RegionTiming:
     compiled_ms: float
     eager_ms: float
 
+    def gains(self, fraction: float) -> bool:
+        """Compiled is at least `fraction` faster than eager."""
+        return self.compiled_ms <= self.eager_ms * (1 - fraction)
+
     @property
     def compiled_pays(self) -> bool:
-        return self.compiled_ms <= self.eager_ms * (1 - MIN_GAIN)
+        return self.gains(MIN_GAIN)
 
     def line(self) -> str:
         return (f"compiled {self.compiled_ms:.3f} ms, eager {self.eager_ms:.3f} ms a call "
@@ -106,7 +110,7 @@ class ClassVerdicts:
         if len(first) < PREDICT_AFTER:
             return ""
         together = RegionTiming(sum(t.compiled_ms for _, t in first), sum(t.eager_ms for _, t in first))
-        if together.compiled_ms <= together.eager_ms * (1 - CLASS_MIN_GAIN):
+        if together.gains(CLASS_MIN_GAIN):
             return ""
         names = ", ".join(name for name, _ in first)
         return (f"not compiled: the first {PREDICT_AFTER} regions of its class ({names}) gained less than "

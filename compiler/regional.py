@@ -42,7 +42,7 @@ from typing import Optional
 import torch
 
 from . import compat, region_choice
-from .backend import KilnBackend, lowering_options
+from .backend import KilnBackend, device_type_of, lowering_options
 from .blocks import Region
 from .cache import GraphCache, choice_fields
 from .cuda_graph_budget import CudaGraphBudget
@@ -115,7 +115,7 @@ class CompiledRegion:
 
     def _may_measure(self, args: tuple, kwargs: dict) -> Optional[str]:
         """The device the region runs on when its choice may be measured (and kept); else None."""
-        device = _device_of(args, kwargs)
+        device = device_type_of((*args, *kwargs.values()))
         return device if self.options.measure_regions and self.backend.may_keep_eager(device) else None
 
     def _measure(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -301,13 +301,6 @@ class RegionalCompile:
         self.progress.callback = progress
         with compat.calls_routed(self._routes), compat.no_duck_sizing(), compat.recompile_limit_at_least(self.budget):
             yield
-
-
-def _device_of(args: tuple, kwargs: dict) -> str:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.device.type
-    return "cpu"
 
 
 def _route(compiled: CompiledRegion, block: torch.nn.Module):
