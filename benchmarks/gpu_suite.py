@@ -249,13 +249,15 @@ def performance_table(data: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(data: dict, readme: Optional[Path] = None) -> None:
-    """Replace everything after the PERFORMANCE marker with the table of `data`."""
+def update_readme(data: dict | list[dict], readme: Optional[Path] = None) -> None:
+    """Replace everything after the PERFORMANCE marker with the table of `data`, or one table per
+    result in a list (the parts of one GPU session, each with its own machine line)."""
     readme = readme or README
     text = readme.read_text()
     if MARK not in text:
         raise ValueError(f"{readme} has no {MARK} marker")
-    readme.write_text(text[: text.index(MARK) + len(MARK)] + "\n" + performance_table(data) + "\n")
+    tables = "\n\n".join(performance_table(d) for d in (data if isinstance(data, list) else [data]))
+    readme.write_text(text[: text.index(MARK) + len(MARK)] + "\n" + tables + "\n")
 
 
 def main(argv=None) -> int:
@@ -266,11 +268,12 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for <date>-<device>.json and .log")
     parser.add_argument("--no-readme", action="store_true", help="do not regenerate the README table")
-    parser.add_argument("--readme-from", type=Path, metavar="JSON",
-                        help="only regenerate the README table from a results file (e.g. one written on a CUDA machine)")
+    parser.add_argument("--readme-from", type=Path, nargs="+", metavar="JSON",
+                        help="only regenerate the README table from results files (e.g. written on a CUDA machine), "
+                             "a table each")
     args = parser.parse_args(argv)
     if args.readme_from:
-        update_readme(json.loads(args.readme_from.read_text()))
+        update_readme([json.loads(path.read_text()) for path in args.readme_from])
         return 0
     device = "cpu" if args.tiny else "cuda"
     if device == "cuda" and not torch.cuda.is_available():

@@ -6,6 +6,7 @@ which torch versions it was checked against.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from typing import Any, Callable, Mapping, Optional
 
@@ -93,6 +94,38 @@ def cuda_graph_capture_gate(gate) -> Optional[Callable]:
             triton_config.cudagraph_capture_sizes = before
 
     return scope
+
+
+KILN_STEPS_FROM = -(1 << 40)  # Kiln's step numbers: below any that mark_step_begin() counts down to
+_steps = itertools.count(1)
+
+
+@contextlib.contextmanager
+def cuda_graph_step():
+    """One call of a Kiln model as one step ("generation") of torch's CUDA graph trees, however many
+    compiled graphs it runs. By default the trees start a new step at every entry into compiled code
+    from eager code, and a new step may reuse the memory of every output of the last: by blocks, the
+    output of one region (a UNet's skip connection) would be overwritten by the next region's replay.
+    Inside this context the step is the model call: the regions' graphs are recorded as one path,
+    each block at its place with its own weights, and their outputs stay valid through the call. It
+    does what `torch.compiler.cudagraph_mark_step_begin()` does, with a step number of Kiln's own
+    that no other caller uses, and puts the process-wide marker back after (`MarkStepBox`, read on
+    every call of a CUDA-graphed function; checked: torch 2.11 - 2.14), so CUDA-graphed code of
+    others keeps torch's own step rule."""
+    try:
+        from torch._inductor.cudagraph_trees import MarkStepBox
+    except ImportError:  # a torch without CUDA graph trees: nothing to mark
+        yield
+        return
+    before = MarkStepBox.mark_step_counter
+    if before <= KILN_STEPS_FROM:  # a Kiln model called inside another's call: the outer call is the step
+        yield
+        return
+    MarkStepBox.mark_step_counter = KILN_STEPS_FROM - next(_steps)
+    try:
+        yield
+    finally:
+        MarkStepBox.mark_step_counter = before
 
 
 def guard_failure_counts() -> dict:

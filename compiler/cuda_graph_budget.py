@@ -58,10 +58,13 @@ class CudaGraphBudget:
 
     @contextlib.contextmanager
     def for_call(self, shape: Hashable):
-        """One call of the model, whose tensor inputs have `shape` (any hashable summary of them)."""
+        """One call of the model, whose tensor inputs have `shape` (any hashable summary of them), and
+        one step of torch's CUDA graph trees (compat.cuda_graph_step: by blocks, the regions' outputs
+        stay valid through the call)."""
         self._call_shape = shape
         try:
-            yield
+            with compat.cuda_graph_step():
+                yield
         finally:
             self._call_shape = None
 

@@ -100,3 +100,40 @@ def test_graphs_run_outside_a_model_call_count_one_place_each():
     with budget.for_call(((4, 4, 8, 8),)):
         assert budget.run(_record(8), _torch_asks, ((8, 8),)) is False
     assert budget.recorded == 2
+
+
+def _trees_generation() -> int:
+    """The step number torch's CUDA graph trees read before every call of a CUDA-graphed function
+    (`CUDAGraphTreeManager.get_curr_generation`, torch 2.11 - 2.14): a new number starts a new step,
+    and a new step may reuse the memory of every output of the last."""
+    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+
+    return CUDAGraphTreeManager.get_curr_generation()
+
+
+def test_a_model_call_is_one_step_of_the_cuda_graph_trees():
+    """By blocks, every region's compiled graph is entered from eager code, which by torch's default
+    starts a new step each time and lets the next region's replay overwrite a skip connection
+    (seen on an H200: "accessing tensor output of CUDAGraphs that has been overwritten"). Inside a
+    model call the step stays the same for every graph; each call is a new step; after the call,
+    torch's own rule is back for other code."""
+    budget = CudaGraphBudget(limit=4)
+    outside = _trees_generation()
+    seen = []
+    for shape in ((2, 8), (2, 8)):
+        with budget.for_call(shape):
+            first = _trees_generation()
+            seen.append((first, _trees_generation()))
+        assert _trees_generation() == outside
+    (a_first, a_last), (b_first, b_last) = seen
+    assert a_first == a_last and b_first == b_last   # one step through each call
+    assert a_first != b_first != outside             # a new step per call, never torch's own numbering
+
+
+def test_a_model_called_inside_another_models_call_stays_in_the_outer_step():
+    outer, inner = CudaGraphBudget(limit=4), CudaGraphBudget(limit=4)
+    with outer.for_call((2, 8)):
+        step = _trees_generation()
+        with inner.for_call((1, 8)):
+            assert _trees_generation() == step
+        assert _trees_generation() == step
