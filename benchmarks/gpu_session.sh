@@ -7,13 +7,14 @@
 #   bash benchmarks/gpu_session.sh suite CASE[,CASE] [VARIANT,...]  # the GPU suite, some cases (all variants)
 #   bash benchmarks/gpu_session.sh shapes auto|dynamic|kiln   # kiln bench --shapes at SDXL size, one variant
 #   bash benchmarks/gpu_session.sh cache                 # kiln bench --cache at SDXL size: restart cost, cold vs warm
+#   bash benchmarks/gpu_session.sh host CASE [VARIANT,...]   # where a step's host time goes: launches, syncs, cProfile
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln | cache"
+usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln | cache | host CASE [VARIANT,...]"
 part="${1:-}"
 case "$part ${2:-}" in
-    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache ") ;;
+    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|host\ ?*) ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
 if [ "$part" = tests ]; then  # only test files and folders of this checkout
@@ -72,6 +73,10 @@ case "$part" in
         if [ "$variant" = kiln ]; then args=(--modes balanced --baselines none); else args=(--modes "" --baselines "$variant"); fi
         python3 -m kiln.cli bench --shapes --device cuda --model sdxl "${args[@]}" \
             --json "$out/shapes-sdxl-$variant.json" 2>&1 | tee "$out/shapes-sdxl-$variant.log" ;;
+    host)  # wall, host and GPU busy time per step, launches and synchronisations, the host functions that cost most
+        variants=(); if [ -n "${3:-}" ]; then variants=(--variants "$3"); fi
+        python3 -m kiln.benchmarks.host_profile --case "$2" ${variants[@]+"${variants[@]}"} --out "$out" 2>&1 \
+            | grep -v pow_by_natural | tee "$out/host-$2.out" ;;
     cache)  # time to first step in fresh processes: Kiln cold, Kiln warm from its cache, torch.compile cold and warm
         python3 -m kiln.cli bench --cache --device cuda --model sdxl --json "$out/cache-sdxl.json" 2>&1 \
             | tee "$out/cache-sdxl.log" ;;
