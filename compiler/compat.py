@@ -96,6 +96,17 @@ def cuda_graph_capture_gate(gate) -> Optional[Callable]:
     return scope
 
 
+def cuda_graph_capture_allowed(signature) -> bool:
+    """Whether torch's CUDA graphs may record or replay for `signature`: what Inductor asks before each
+    call of a CUDA-graphed graph (`is_cudagraph_capture_sizes`, answered by Kiln's budget while a Kiln
+    call runs: cuda_graph_capture_gate; checked: torch 2.11 - 2.14). True where torch lacks it."""
+    try:
+        from torch._inductor.cudagraph_trees import is_cudagraph_capture_sizes
+    except ImportError:
+        return True
+    return is_cudagraph_capture_sizes(signature)
+
+
 KILN_STEPS_FROM = -(1 << 40)  # Kiln's step numbers: below any that mark_step_begin() counts down to
 _steps = itertools.count(1)
 

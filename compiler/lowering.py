@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 from ..choices import COMPILE_MODES
 from . import compat
 
@@ -29,7 +31,7 @@ class Lowering:
         cuda_graphs = bool(options.cuda_graphs and device == "cuda")
         if not self.uses_inductor:
             if cuda_graphs:
-                return compat.lookup_backend("cudagraphs")(gm, example_inputs), "fx + cudagraphs"
+                return CudaGraphsPerShape(gm), "fx + cudagraphs"
             return gm.forward, "fx"
         config = compat.inductor_mode_options(self.inductor_preset) if self.inductor_preset else {}
         config["triton.cudagraphs"] = cuda_graphs
@@ -38,6 +40,30 @@ class Lowering:
             compiled = compat.lookup_backend("inductor")(gm, example_inputs)
         name = "inductor" + (f" {self.inductor_preset}" if self.inductor_preset else "") + (" + cudagraphs" if cuda_graphs else "")
         return compiled, name
+
+
+class CudaGraphsPerShape:
+    """Mode fast's CUDA graphs, one recording per input shape signature. torch's `cudagraphs` backend
+    records the shapes it first sees and copies every later input into buffers of those shapes, so a
+    graph with dynamic sizes fails at its first new size ("The size of tensor a (2) must match the
+    size of tensor b (4)", seen on an H200). Inductor keys its own recordings by the sizes; this does
+    the same: a `cudagraphs` callable per signature (the tensors' shapes and the integer inputs),
+    made on that signature's first call, each signature asked past Kiln's bound on recordings first
+    (compat.cuda_graph_capture_allowed, as Inductor asks). A signature refused runs the graph as
+    captured, without CUDA graphs."""
+
+    def __init__(self, gm):
+        self.gm = gm
+        self.by_signature: dict[tuple, object] = {}
+
+    def __call__(self, *args):
+        signature = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
+        if not compat.cuda_graph_capture_allowed(signature):
+            return self.gm(*args)
+        recorded = self.by_signature.get(signature)
+        if recorded is None:
+            recorded = self.by_signature[signature] = compat.lookup_backend("cudagraphs")(self.gm, list(args))
+        return recorded(*args)
 
 
 LOWERINGS: dict[str, Lowering] = {lowering.mode: lowering for lowering in (
