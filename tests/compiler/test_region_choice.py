@@ -142,6 +142,30 @@ def test_time_both_gives_each_call_its_own_copies_and_alternates_the_order():
     assert timing.compiled_ms > 0 and timing.eager_ms > 0
 
 
+def test_on_a_gpu_a_sample_is_calls_issued_back_to_back(monkeypatch):
+    """A step issues a block's work while the GPU runs the blocks before it, so on a GPU a sample is
+    PIPELINED_CALLS calls between two synchronisations, each on its own copies; one call per sample
+    on a CPU, where nothing runs ahead."""
+    syncs, order = [], []
+    monkeypatch.setattr(region_choice, "_sync", lambda device: syncs.append(len(order)))
+    x = torch.zeros(3)
+
+    def compiled(args, kwargs):
+        args[0].add_(1)
+        order.append(("c", args[0]))
+
+    def eager(args, kwargs):
+        order.append(("e", args[0]))
+
+    timing = time_both(compiled, eager, (x,), {}, "cuda", rounds=2)
+    n = region_choice.PIPELINED_CALLS
+    assert n > 1 and [name for name, _ in order] == ["c"] * n + ["e"] * n + ["e"] * n + ["c"] * n
+    assert syncs == [0, n, n, 2 * n, 2 * n, 3 * n, 3 * n, 4 * n]  # around each sample's calls, not each call
+    assert len({id(t) for _, t in order}) == 4 * n and torch.equal(x, torch.zeros(3))
+    assert timing.compiled_ms > 0 and timing.eager_ms > 0
+    assert region_choice.calls_per_sample("cpu") == 1
+
+
 def test_blocks_with_hooks_or_patches_are_not_measured():
     block = Mix()
     assert why_not_measured(block, patched=False) == ""
