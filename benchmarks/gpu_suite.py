@@ -181,12 +181,23 @@ def model_flops(fn) -> int:
     return counter.get_total_flops()
 
 
-def run_case(case: Case, variants: list[str], device: str, size: str, reps: int, ceiling: float, log) -> list[Result]:
+def build_case(case: Case, device: str, size: str) -> tuple[torch.nn.Module, tuple, dict]:
+    """The case's model (random weights, its dtype and layout) and the inputs of one step."""
     spec = MODELS[case.model]
     module = spec.build(size, dtype=case.dtype, device=device)
     if case.channels_last:
         module = module.to(memory_format=torch.channels_last)
     args, kwargs = spec.inputs(module, case.batch, device=device, dtype=case.dtype, latent=case.latent)
+    return module, args, kwargs
+
+
+def error_line(exc: BaseException) -> str:
+    """A failed variant's error, one line, as the results keep it."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+
+
+def run_case(case: Case, variants: list[str], device: str, size: str, reps: int, ceiling: float, log) -> list[Result]:
+    module, args, kwargs = build_case(case, device, size)
     results, reference, eager_ms = [], None, None
     with torch.inference_mode():
         flops = model_flops(lambda: module(*args, **kwargs))
@@ -226,7 +237,7 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
             log(f"{case.name:<18} {name:<28} {result.ms:9.2f} ms  {result.speedup:5.2f}x  err {result.rel_err:.1e}  "
                 f"compile {result.compile_s:6.1f}s  {result.ceiling_fraction:6.1%} of ceiling{busy}")
         except Exception as exc:  # noqa: BLE001  recorded; the other variants still run
-            result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+            result.error = error_line(exc)
             log(f"{case.name:<18} {name:<28} FAILED {result.error}\n{traceback.format_exc()}")
         finally:
             torch._dynamo.reset()  # each variant compiles from scratch
@@ -251,7 +262,7 @@ def performance_table(data: dict) -> str:
 
 def update_readme(data: dict | list[dict], readme: Optional[Path] = None) -> None:
     """Replace everything after the PERFORMANCE marker with the table of `data`, or one table per
-    result in a list (the parts of one GPU session, each with its own machine line)."""
+    result in a list (the parts of one GPU run, each with its own machine line)."""
     readme = readme or README
     text = readme.read_text()
     if MARK not in text:

@@ -20,16 +20,16 @@ import json
 import pstats
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
-from .gpu_suite import FULL_CASES, VARIANTS, Case, device_busy_ms
+from .gpu_suite import FULL_CASES, VARIANTS, Case, build_case, device_busy_ms, error_line
 from .kernel_timing import median_ms
 from .side_by_side import sync
-from ..testing.models import MODELS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TINY_CASE = Case("sd15-tiny", "sd15", 2, torch.float32)
@@ -73,19 +73,24 @@ def host_ms(fn: Callable[[], object], device: str, reps: int) -> float:
 
 
 def runtime_calls(fn: Callable[[], object], steps: int) -> tuple[float, float]:
-    """(kernel launches, synchronisations) per call of `fn`, from torch.profiler's CUDA runtime events."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """(kernel launches, synchronisations) per call of `fn`, from torch.profiler's CUDA runtime events,
+    less what a profile of no call counts (the profiler's own synchronisations and ours)."""
     fn()
     torch.cuda.synchronize()
+    launches, syncs = _runtime_counts(fn, steps)
+    idle_launches, idle_syncs = _runtime_counts(lambda: None, steps)
+    return max(launches - idle_launches, 0) / steps, max(syncs - idle_syncs, 0) / steps
+
+
+def _runtime_counts(fn: Callable[[], object], steps: int) -> tuple[int, int]:
+    from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
     counts = {event.key: event.count for event in prof.key_averages()}
-    launches = sum(counts.get(name, 0) for name in LAUNCHES)
-    syncs = sum(counts.get(name, 0) for name in SYNCS) - 1  # the one after the loop is ours
-    return launches / steps, max(syncs, 0) / steps
+    return sum(counts.get(name, 0) for name in LAUNCHES), sum(counts.get(name, 0) for name in SYNCS)
 
 
 def top_functions(fn: Callable[[], object], steps: int, count: int) -> list[HostFunction]:
@@ -112,11 +117,7 @@ def _short(path: str) -> str:
 
 def profile_case(case: Case, variants: list[str], device: str, size: str, reps: int, steps: int, count: int,
                  log) -> list[HostProfile]:
-    spec = MODELS[case.model]
-    module = spec.build(size, dtype=case.dtype, device=device)
-    if case.channels_last:
-        module = module.to(memory_format=torch.channels_last)
-    args, kwargs = spec.inputs(module, case.batch, device=device, dtype=case.dtype, latent=case.latent)
+    module, args, kwargs = build_case(case, device, size)
     rows = []
     for name in variants:
         row = HostProfile(case.name, name)
@@ -138,8 +139,8 @@ def profile_case(case: Case, variants: list[str], device: str, size: str, reps: 
             for fn in row.top:
                 log(f"    {fn.ms_per_step:8.3f} ms  {fn.calls_per_step:7.1f} calls  {fn.where}")
         except Exception as exc:  # noqa: BLE001  recorded; the other variants still run
-            row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
-            log(f"{case.name:<14} {name:<36} FAILED {row.error}")
+            row.error = error_line(exc)
+            log(f"{case.name:<14} {name:<36} FAILED {row.error}\n{traceback.format_exc()}")
         finally:
             torch._dynamo.reset()  # each variant compiles from scratch
     return rows

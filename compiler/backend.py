@@ -16,6 +16,7 @@ from . import compat
 from .cache import GraphCache, entry_fields, graph_hash
 from .cuda_graph_budget import CudaGraphBudget
 from .fusible import nothing_to_fuse
+from .lowering import LoweringFailed
 from .options import CompileOptions
 from .passes import PASSES, PassContext, Progress, passes_uuid, run_passes
 from .shape_manager import ShapeDispatcher
@@ -142,7 +143,7 @@ class KilnBackend:
         except Exception as exc:
             if self.interrupt is not None:  # cancelled, not failed
                 raise self.interrupt from None
-            if not (isinstance(exc, compat.compile_failure_types()) or compat.failed_while_capturing(exc)):
+            if not (isinstance(exc, (*compat.compile_failure_types(), LoweringFailed)) or compat.failed_while_capturing(exc)):
                 raise  # the model's own error, compiled or not
             fall_back(f"compile failed: {compat.describe_compile_failure(exc)}", exc)
             return eager()

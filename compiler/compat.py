@@ -99,15 +99,16 @@ def cuda_graph_capture_gate(gate) -> Optional[Callable]:
 def cuda_graph_capture_allowed(signature) -> bool:
     """Whether torch's CUDA graphs may record or replay for `signature`: what Inductor asks before each
     call of a CUDA-graphed graph (`is_cudagraph_capture_sizes`, answered by Kiln's budget while a Kiln
-    call runs: cuda_graph_capture_gate; checked: torch 2.11 - 2.14). True where torch lacks it."""
-    try:
-        from torch._inductor.cudagraph_trees import is_cudagraph_capture_sizes
-    except ImportError:
-        return True
+    call runs: cuda_graph_capture_gate; checked: torch 2.11, 2.13)."""
+    from torch._inductor.cudagraph_trees import is_cudagraph_capture_sizes
+
     return is_cudagraph_capture_sizes(signature)
 
 
-KILN_STEPS_FROM = -(1 << 40)  # Kiln's step numbers: below any that mark_step_begin() counts down to
+# Kiln's step numbers: far below any that mark_step_begin() counts down to, and far apart, so that
+# other code marking steps inside a Kiln call never lands on Kiln's next number
+KILN_STEPS_FROM = -(1 << 50)
+KILN_STEP_SPACING = 1 << 20
 _steps = itertools.count(1)
 
 
@@ -121,18 +122,16 @@ def cuda_graph_step():
     each block at its place with its own weights, and their outputs stay valid through the call. It
     does what `torch.compiler.cudagraph_mark_step_begin()` does, with a step number of Kiln's own
     that no other caller uses, and puts the process-wide marker back after (`MarkStepBox`, read on
-    every call of a CUDA-graphed function; checked: torch 2.11 - 2.14), so CUDA-graphed code of
-    others keeps torch's own step rule."""
-    try:
-        from torch._inductor.cudagraph_trees import MarkStepBox
-    except ImportError:  # a torch without CUDA graph trees: nothing to mark
-        yield
-        return
+    every call of a CUDA-graphed function; checked: torch 2.11, 2.13), so CUDA-graphed code of
+    others keeps torch's own step rule. The marker is the process's: CUDA-graphed Kiln models are
+    called from one thread at a time (as a ComfyUI server runs its prompts)."""
+    from torch._inductor.cudagraph_trees import MarkStepBox
+
     before = MarkStepBox.mark_step_counter
     if before <= KILN_STEPS_FROM:  # a Kiln model called inside another's call: the outer call is the step
         yield
         return
-    MarkStepBox.mark_step_counter = KILN_STEPS_FROM - next(_steps)
+    MarkStepBox.mark_step_counter = KILN_STEPS_FROM - next(_steps) * KILN_STEP_SPACING
     try:
         yield
     finally:

@@ -6,12 +6,15 @@ graph again with static sizes?) instead of comparing mode strings.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import logging
+import time
 from typing import Optional
-
-import torch
 
 from ..choices import COMPILE_MODES
 from . import compat
+from .shapes import shapes_key
+
+log = logging.getLogger("kiln")
 
 
 @dataclass(frozen=True)
@@ -42,27 +45,42 @@ class Lowering:
         return compiled, name
 
 
+class LoweringFailed(RuntimeError):
+    """A lowering made on a graph's first call at a new signature failed (its cause is chained): it
+    counts as a failed compile, so the graph's model or region runs eagerly, said with the reason."""
+
+
 class CudaGraphsPerShape:
-    """Mode fast's CUDA graphs, one recording per input shape signature. torch's `cudagraphs` backend
-    records the shapes it first sees and copies every later input into buffers of those shapes, so a
-    graph with dynamic sizes fails at its first new size ("The size of tensor a (2) must match the
-    size of tensor b (4)", seen on an H200). Inductor keys its own recordings by the sizes; this does
-    the same: a `cudagraphs` callable per signature (the tensors' shapes and the integer inputs),
-    made on that signature's first call, each signature asked past Kiln's bound on recordings first
-    (compat.cuda_graph_capture_allowed, as Inductor asks). A signature refused runs the graph as
-    captured, without CUDA graphs."""
+    """Mode fast's CUDA graphs, one recording per shape signature. torch's `cudagraphs` backend keys
+    its recordings by the graph's integer inputs, and a size that reaches the graph only through a
+    tensor (often the batch) is not one: a new batch was copied into the first batch's buffers and
+    failed ("The size of tensor a (2) must match the size of tensor b (4)", seen on an H200). Here a
+    `cudagraphs` callable is made per signature of the activations (shapes_key: the non-weight
+    inputs' shapes and strides, as the shape manager keys them), on that signature's first call, and
+    only where Kiln's bound on recordings admits it (compat.cuda_graph_capture_allowed, the question
+    Inductor asks before recording); a signature refused runs the graph as captured, without CUDA
+    graphs. A failure to make one raises LoweringFailed."""
 
     def __init__(self, gm):
         self.gm = gm
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.activations = [i for i, n in enumerate(placeholders) if not compat.is_weight(n)]
         self.by_signature: dict[tuple, object] = {}
 
     def __call__(self, *args):
-        signature = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
+        signature = shapes_key(args, self.activations)
         if not compat.cuda_graph_capture_allowed(signature):
             return self.gm(*args)
         recorded = self.by_signature.get(signature)
         if recorded is None:
-            recorded = self.by_signature[signature] = compat.lookup_backend("cudagraphs")(self.gm, list(args))
+            start = time.perf_counter()
+            try:
+                recorded = compat.lookup_backend("cudagraphs")(self.gm, list(args))
+            except Exception as exc:
+                raise LoweringFailed(f"CUDA graphs for a new shape could not be made: {type(exc).__name__}: {exc}") from exc
+            self.by_signature[signature] = recorded
+            log.info("Kiln: CUDA graphs prepared for shape signature %d of this graph in %.1fs",
+                     len(self.by_signature), time.perf_counter() - start)
         return recorded(*args)
 
 

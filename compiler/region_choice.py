@@ -31,6 +31,7 @@ never chosen (autotuning, CUDA graphs: compiler/backend.py `may_keep_eager`), or
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 import time
@@ -41,8 +42,11 @@ import torch
 
 from . import compat
 
+log = logging.getLogger("kiln")
+
 ROUNDS = 5          # interleaved rounds; the median of each side
-PIPELINED_CALLS = 8  # on a GPU, calls issued back to back for one sample (time_both)
+PIPELINED_CALLS = 8  # on a GPU, calls issued back to back for one sample (time_both) ...
+COPIES_MEMORY_SHARE = 0.25  # ... fewer where their inputs' copies would take more of the GPU's free memory
 MIN_GAIN = 0.03     # compiled must be at least 3% faster than eager to stay compiled
 PREDICT_AFTER = 2   # regions of one block class measured before its other regions follow them
 CLASS_MIN_GAIN = 0.10  # ... and what those regions must gain together for the class's others to be compiled
@@ -144,9 +148,30 @@ def fresh_copies(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return tuple(copy(a) for a in args), {key: copy(v) for key, v in kwargs.items()}
 
 
-def calls_per_sample(device: str) -> int:
-    """Calls timed together for one sample: PIPELINED_CALLS on a GPU (see time_both), else one."""
-    return PIPELINED_CALLS if device == "cuda" else 1
+def calls_per_sample(device: str, input_bytes: int) -> int:
+    """Calls timed together for one sample: one on a CPU; on a GPU PIPELINED_CALLS (see time_both),
+    fewer (at least one) where that many copies of inputs of `input_bytes` would take more than
+    COPIES_MEMORY_SHARE of the GPU's free memory."""
+    if device != "cuda":
+        return 1
+    if input_bytes == 0:
+        return PIPELINED_CALLS
+    return max(1, min(PIPELINED_CALLS, int(_free_gpu_bytes() * COPIES_MEMORY_SHARE) // input_bytes))
+
+
+def input_bytes(args: tuple, kwargs: dict) -> int:
+    """The bytes fresh_copies copies for one call: the tensors given, and those in dicts given."""
+    def size(value) -> int:
+        if isinstance(value, torch.Tensor):
+            return value.numel() * value.element_size()
+        if isinstance(value, dict):
+            return sum(size(item) for item in value.values() if isinstance(item, torch.Tensor))
+        return 0
+    return sum(size(v) for v in (*args, *kwargs.values()))
+
+
+def _free_gpu_bytes() -> int:
+    return torch.cuda.mem_get_info()[0]
 
 
 def time_both(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, dict], Any], args: tuple,
@@ -163,7 +188,11 @@ def time_both(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, di
     step with them compiled ran at 0.82x eager's)."""
     samples: dict[str, list[float]] = {"compiled": [], "eager": []}
     calls = {"compiled": compiled, "eager": eager}
-    count = calls_per_sample(device)
+    count = calls_per_sample(device, input_bytes(args, kwargs))
+    if count < calls_per_sample(device, 0):
+        log.info("Kiln: a region timed with %d call(s) a sample instead of %d: more copies of its inputs "
+                 "(%.0f MiB each) would take over %.0f%% of the GPU's free memory", count, PIPELINED_CALLS,
+                 input_bytes(args, kwargs) / 2 ** 20, COPIES_MEMORY_SHARE * 100)
     for round_ in range(rounds):
         for name in ("compiled", "eager") if round_ % 2 == 0 else ("eager", "compiled"):
             inputs = [fresh_copies(args, kwargs) for _ in range(count)]

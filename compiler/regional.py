@@ -133,8 +133,13 @@ class CompiledRegion:
                      self.label, self.region.name, why_not)
             return
         graphs = self.backend.graphs
-        timing = region_choice.time_both(lambda a, k: self._run_compiled(block, a, k),
-                                         lambda a, k: compat.call_module_body(block, *a, **k), args, kwargs, device)
+        try:
+            timing = region_choice.time_both(lambda a, k: self._run_compiled(block, a, k),
+                                             lambda a, k: compat.call_module_body(block, *a, **k), args, kwargs, device)
+        except torch.cuda.OutOfMemoryError as exc:
+            log.warning("Kiln: %s: region %s is not measured against eager: the GPU ran out of memory while "
+                        "timing it (%s); it stays compiled", self.label, self.region.name, str(exc).splitlines()[0][:200])
+            return
         if self.backend.graphs != graphs or self.fallback is not None:
             log.info("Kiln: %s: region %s compiled again while being measured; it stays compiled",
                      self.label, self.region.name)

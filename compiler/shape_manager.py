@@ -31,6 +31,7 @@ import torch
 from . import compat
 from .cuda_graph_budget import CudaGraphBudget
 from .shape_policy import LATENT_FACTOR, PinnedShape, ShapePolicy
+from .shapes import shapes_key
 from .stats import KilnStats, VariantRecord
 
 log = logging.getLogger("kiln")
@@ -78,11 +79,7 @@ class ShapeDispatcher:
     # ---- signatures --------------------------------------------------------------------------
 
     def _key(self, args) -> tuple:
-        key = []
-        for i in self._inputs:
-            a = args[i]
-            key.append((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a)
-        return tuple(key)
+        return shapes_key(args, self._inputs)
 
     def _latent_size(self, args) -> tuple[Optional[int], Optional[tuple[int, int]]]:
         if self._latent is None:

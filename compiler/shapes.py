@@ -42,6 +42,12 @@ def _tensors(value, depth: int = 2):
             yield from _tensors(item, depth - 1)
 
 
+def shapes_key(args, indices) -> tuple:
+    """The shape signature of one call of a graph: for each input at `indices` (its activations, not
+    its weights, which TorchDynamo's guards fix), a tensor's shape and strides, or the value itself."""
+    return tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a for a in (args[i] for i in indices))
+
+
 def contiguous_inputs(args, kwargs):
     """The call's tensor arguments, dense and not views. Callers pass slices too (a VAE's tiles, the
     crops of ComfyUI's area conditioning): TorchDynamo guards on their strides, so each new slicing

@@ -50,7 +50,7 @@ def test_readme_from_a_results_file(tmp_path, monkeypatch):
     results.write_text(json.dumps({"date": "d", "ceiling_tflops": 1.0, "machine": {"device": "H100", "torch": "2.11"}, "results": []}))
     assert gpu_suite.main(["--readme-from", str(results)]) == 0
     assert "GPU suite, d, H100" in readme.read_text()
-    other = tmp_path / "s.json"  # the parts of one session: a table each, in the order given
+    other = tmp_path / "s.json"  # the parts of one GPU run: a table each, in the order given
     other.write_text(json.dumps({"date": "e", "ceiling_tflops": 1.0, "machine": {"device": "H200", "torch": "2.11"}, "results": []}))
     assert gpu_suite.main(["--readme-from", str(results), str(other)]) == 0
     text = readme.read_text()

@@ -11,6 +11,7 @@ import pytest
 import torch._inductor.config as inductor_config
 from torch._inductor.cudagraph_trees import is_cudagraph_capture_sizes  # what torch asks (2.11 - 2.13)
 
+from kiln.compiler import compat
 from kiln.compiler.cuda_graph_budget import NOT_ASKED, OVER_BOUND, RECORDED, CudaGraphBudget
 from kiln.compiler.stats import VariantRecord
 
@@ -127,7 +128,17 @@ def test_a_model_call_is_one_step_of_the_cuda_graph_trees():
         assert _trees_generation() == outside
     (a_first, a_last), (b_first, b_last) = seen
     assert a_first == a_last and b_first == b_last   # one step through each call
-    assert a_first != b_first != outside             # a new step per call, never torch's own numbering
+    assert len({a_first, b_first, outside}) == 3     # a new step per call
+    assert a_first <= compat.KILN_STEPS_FROM and b_first <= compat.KILN_STEPS_FROM  # Kiln's numbers, not torch's
+
+
+def test_the_step_marker_is_put_back_when_the_call_fails():
+    budget = CudaGraphBudget(limit=4)
+    outside = _trees_generation()
+    with pytest.raises(RuntimeError, match="boom"):
+        with budget.for_call((2, 8)):
+            raise RuntimeError("boom")
+    assert _trees_generation() == outside
 
 
 def test_a_model_called_inside_another_models_call_stays_in_the_outer_step():

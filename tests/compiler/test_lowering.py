@@ -2,6 +2,7 @@
 one CUDA graph per input shape signature (torch's `cudagraphs` backend alone records the first
 shapes and fails at the first new size, seen on an H200); the recordings themselves need a GPU
 (tests/gpu), the bookkeeping is checked here with torch's backend replaced by a stand-in."""
+import pytest
 import torch
 import torch._inductor.config as inductor_config
 
@@ -35,14 +36,73 @@ def test_fast_mode_records_one_cuda_graph_per_signature(monkeypatch):
     assert backend.made_for == [((2, 3), 1), ((4, 3), 1), ((2, 3), 5)]
 
 
+def test_the_real_aot_path_serves_two_batches_under_inference_mode(monkeypatch):
+    """What torch's `cudagraphs` backend does before recording (AOTAutograd on the captured graph,
+    here with `aot_eager` in its place, since recording needs a GPU), on a graph TorchDynamo captured
+    with dynamic sizes and a weight as an input, called at two batch sizes as a ComfyUI sampler does."""
+    monkeypatch.setattr(compat, "lookup_backend", lambda name: torch._dynamo.lookup_backend("aot_eager"))
+    made = []
+
+    def backend(gm, example_inputs):
+        made.append(lowering.CudaGraphsPerShape(gm))
+        return made[-1]
+
+    linear = torch.nn.Linear(3, 5)
+    compiled = torch.compile(lambda x: torch.relu(linear(x)).sum(dim=-1), backend=backend, dynamic=True)
+    with torch.inference_mode():
+        for batch in (2, 4, 2):
+            x = torch.randn(batch, 3)
+            assert torch.allclose(compiled(x), torch.relu(linear(x)).sum(dim=-1))
+    assert len(made) == 1 and len(made[0].by_signature) == 2  # one per batch, batch 2 served twice
+    torch._dynamo.reset()
+
+
+def test_a_weight_is_not_part_of_the_signature_and_a_failure_is_a_failed_lowering(monkeypatch):
+    weight = torch.nn.Parameter(torch.ones(3))
+    gm = torch.fx.symbolic_trace(lambda x, w: x * w)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    monkeypatch.setattr(compat, "is_weight", lambda node: node is placeholders[1])
+    backend = _Backend()
+    monkeypatch.setattr(compat, "lookup_backend", lambda name: backend)
+    per_shape = lowering.CudaGraphsPerShape(gm)
+    per_shape(torch.ones(2, 3), weight)
+    per_shape(torch.ones(2, 3), torch.nn.Parameter(torch.ones(3)))  # another block's weight: same recording
+    assert len(per_shape.by_signature) == 1
+
+    def fails(gm, example_inputs):
+        raise RuntimeError("no memory for the pool")
+
+    monkeypatch.setattr(compat, "lookup_backend", lambda name: fails)
+    with pytest.raises(lowering.LoweringFailed, match="no memory for the pool") as failed:
+        per_shape(torch.ones(4, 3), weight)
+    assert isinstance(failed.value.__cause__, RuntimeError)
+    assert len(per_shape.by_signature) == 1  # nothing kept of the failed one
+
+
+def test_a_failed_lowering_sends_the_call_to_eager_like_a_failed_compile():
+    from kiln.compiler.backend import KilnBackend
+    from kiln.compiler.options import CompileOptions
+    from kiln.compiler.stats import KilnStats
+
+    options = CompileOptions()
+    backend = KilnBackend(options, KilnStats(options.as_dict()))
+    fell_back = []
+
+    def call():
+        raise lowering.LoweringFailed("CUDA graphs for a new shape could not be made: RuntimeError: x")
+
+    assert backend.run(call, lambda: "eager answer", lambda reason, exc: fell_back.append(reason)) == "eager answer"
+    assert fell_back and "could not be made" in fell_back[0]
+
+
 def test_a_signature_the_budget_refuses_runs_without_cuda_graphs(monkeypatch):
     backend = _Backend()
     monkeypatch.setattr(compat, "lookup_backend", lambda name: backend)
     per_shape = lowering.CudaGraphsPerShape(_graph())
-    allowed = {((2, 3), 1)}
-    monkeypatch.setattr(inductor_config.triton, "cudagraph_capture_sizes", allowed)  # what Kiln's budget answers
-    assert per_shape(torch.ones(2, 3), 1) == ("recorded", 13)
-    assert per_shape(torch.ones(4, 3), 1) == 25     # refused: the captured graph as it is
+    allowed = {(((2, 3), (3, 1)), 1)}  # a signature: each activation's shape and strides
+    with inductor_config.patch({"triton.cudagraph_capture_sizes": allowed}):  # what Kiln's budget answers
+        assert per_shape(torch.ones(2, 3), 1) == ("recorded", 13)
+        assert per_shape(torch.ones(4, 3), 1) == 25     # refused: the captured graph as it is
     assert backend.made_for == [((2, 3), 1)]
 
 

@@ -148,6 +148,9 @@ def test_on_a_gpu_a_sample_is_calls_issued_back_to_back(monkeypatch):
     on a CPU, where nothing runs ahead."""
     syncs, order = [], []
     monkeypatch.setattr(region_choice, "_sync", lambda device: syncs.append(len(order)))
+    monkeypatch.setattr(region_choice, "_free_gpu_bytes", lambda: 1 << 40)
+    clock = iter(range(0, 10_000, 10))  # each reading 10 s after the last: a sample of n calls reads 10 s
+    monkeypatch.setattr(region_choice.time, "perf_counter", lambda: next(clock))
     x = torch.zeros(3)
 
     def compiled(args, kwargs):
@@ -162,8 +165,32 @@ def test_on_a_gpu_a_sample_is_calls_issued_back_to_back(monkeypatch):
     assert n > 1 and [name for name, _ in order] == ["c"] * n + ["e"] * n + ["e"] * n + ["c"] * n
     assert syncs == [0, n, n, 2 * n, 2 * n, 3 * n, 3 * n, 4 * n]  # around each sample's calls, not each call
     assert len({id(t) for _, t in order}) == 4 * n and torch.equal(x, torch.zeros(3))
-    assert timing.compiled_ms > 0 and timing.eager_ms > 0
-    assert region_choice.calls_per_sample("cpu") == 1
+    assert timing.compiled_ms == timing.eager_ms == 10_000 / n  # a sample's time over its calls, in ms
+    assert region_choice.calls_per_sample("cpu", 1 << 30) == 1
+
+
+def test_on_a_gpu_the_copies_of_big_inputs_fit_a_share_of_its_free_memory(monkeypatch):
+    monkeypatch.setattr(region_choice, "_free_gpu_bytes", lambda: 8 << 30)  # 8 GiB free: 2 GiB for copies
+    assert region_choice.calls_per_sample("cuda", 64 << 20) == region_choice.PIPELINED_CALLS
+    assert region_choice.calls_per_sample("cuda", 700 << 20) == 2
+    assert region_choice.calls_per_sample("cuda", 5 << 30) == 1  # never fewer than one
+    args = (torch.zeros(4, 8), {"transformer_options": True, "mask": torch.zeros(2, dtype=torch.float16)})
+    assert region_choice.input_bytes(args, {"context": torch.zeros(3)}) == 4 * 8 * 4 + 2 * 2 + 3 * 4
+
+
+def test_a_region_whose_measuring_runs_out_of_gpu_memory_stays_compiled_and_says_why(monkeypatch, caplog):
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(region_choice, "time_both", out_of_memory)
+    module = _net()
+    compiled = kiln.compile(module, mode="balanced")
+    x = torch.randn(2, 4, 8, 8)
+    with caplog.at_level(logging.WARNING, logger="kiln"), torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-5
+    info = kiln.stats(compiled)
+    assert not info.region_timings and not info.region_fallbacks and info.compile_count == 2
+    assert any("ran out of memory" in r.getMessage() and "stays compiled" in r.getMessage() for r in caplog.records)
 
 
 def test_blocks_with_hooks_or_patches_are_not_measured():
