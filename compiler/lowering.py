@@ -5,9 +5,9 @@ graph again with static sizes?) instead of comparing mode strings.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 import logging
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 from ..choices import COMPILE_MODES
