@@ -40,7 +40,8 @@ class Row:
     error: Optional[str] = None
 
 
-def _variants(module, modes: list[str], dynamic, units=("auto",), all_regions: bool = False) -> dict[str, Callable]:
+def _variants(module, modes: list[str], dynamic, units=("auto",), all_regions: bool = False,
+              device: str = "cpu") -> dict[str, Callable]:
     from .. import compiler as kiln
 
     variants = {"eager": module, "torch.compile": torch.compile(own_code(module, "torch_compile"), dynamic=dynamic)}
@@ -56,6 +57,9 @@ def _variants(module, modes: list[str], dynamic, units=("auto",), all_regions: b
             if all_regions and unit != "whole":  # beside the measured choice: every region with something to fuse
                 variants[f"{name} all regions"] = kiln.compile(own_code(module, f"kiln_{mode}_{unit}_all"),
                                                                options=options.replace(measure_regions=False))
+            if device == "cuda":  # on a GPU the step often waits on the host: CUDA graphs take the launches off it
+                variants[f"{name} + cudagraphs"] = kiln.compile(own_code(module, f"kiln_{mode}_{unit}_cudagraphs"),
+                                                                options=options.replace(cuda_graphs=True))
     return variants
 
 
@@ -78,7 +82,7 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
     calls: dict[str, Callable] = {}
     with torch.inference_mode():
         reference = None
-        for name, fn in _variants(module, list(modes), dynamic, tuple(units), all_regions).items():
+        for name, fn in _variants(module, list(modes), dynamic, tuple(units), all_regions, device).items():
             row = rows[name] = Row(name)
             try:
                 sync(device)

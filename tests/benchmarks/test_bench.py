@@ -32,3 +32,21 @@ def test_all_regions_adds_a_kiln_row_that_compiles_every_region_beside_each_unit
                                                                        "kiln balanced whole"]
     assert kiln.stats(variants["kiln balanced"]).options["measure_regions"] is True
     assert kiln.stats(variants["kiln balanced all regions"]).options["measure_regions"] is False
+
+
+def test_on_a_gpu_each_kiln_row_has_a_cuda_graphs_row_beside_it():
+    """On a GPU a step often waits on the host, which CUDA graphs take off (measured by blocks on SD1.5):
+    `kiln bench --device cuda` shows them beside each Kiln row (the rows are made here, not run)."""
+    import torch
+
+    from kiln import compiler as kiln
+
+    module = torch.nn.Linear(4, 4)
+    names = [name for name in bench._variants(module, ["balanced"], None, ("auto",)) if name.startswith("kiln")]
+    assert names == ["kiln balanced"]  # a CPU has none
+    variants = bench._variants(module, ["balanced", "fast"], None, ("auto", "whole"), device="cuda")
+    assert [name for name in variants if name.startswith("kiln")] == [
+        "kiln balanced", "kiln balanced + cudagraphs", "kiln balanced whole", "kiln balanced whole + cudagraphs",
+        "kiln fast", "kiln fast + cudagraphs", "kiln fast whole", "kiln fast whole + cudagraphs"]
+    assert kiln.stats(variants["kiln fast whole + cudagraphs"]).options["cuda_graphs"] is True
+    assert kiln.stats(variants["kiln balanced"]).options["cuda_graphs"] is False
