@@ -75,6 +75,7 @@ VARIANTS: dict[str, Callable] = {
     # the same without Kiln's Triton kernels: what they add over Inductor's own fusion, in one run
     "kiln balanced without kiln kernels": lambda m: _kiln(m, "balanced", kernels=False),
     "kiln fast without kiln kernels": lambda m: _kiln(m, "fast", kernels=False),
+    "kiln balanced whole without kiln kernels": lambda m: _kiln(m, "balanced", kernels=False, unit="whole"),
     # quantized (the default layer policy), then Kiln's balanced compile
     "kiln balanced + int8_weight": lambda m: _kiln(_quantized(m, "int8_weight"), "balanced"),
     "kiln balanced + int8_dynamic": lambda m: _kiln(_quantized(m, "int8_dynamic"), "balanced"),
