@@ -105,11 +105,25 @@ def test_graphs_run_outside_a_model_call_count_one_place_each():
 
 def _trees_generation() -> int:
     """The step number torch's CUDA graph trees read before every call of a CUDA-graphed function
-    (`CUDAGraphTreeManager.get_curr_generation`, torch 2.11 - 2.14): a new number starts a new step,
+    (`CUDAGraphTreeManager.get_curr_generation`, torch 2.11, 2.13): a new number starts a new step,
     and a new step may reuse the memory of every output of the last."""
     from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
 
     return CUDAGraphTreeManager.get_curr_generation()
+
+
+def _torch_generation() -> int:
+    from torch._dynamo.mutation_guard import GenerationTracker
+
+    return GenerationTracker.generation
+
+
+def _enter_compiled_code() -> None:
+    """What every entry into compiled code from eager code does for the trees (TorchDynamo's
+    `GenerationTracker.generation += 1`, torch 2.11, 2.13): by blocks, every region call."""
+    from torch._dynamo.mutation_guard import GenerationTracker
+
+    GenerationTracker.generation += 1
 
 
 def test_a_model_call_is_one_step_of_the_cuda_graph_trees():
@@ -118,16 +132,21 @@ def test_a_model_call_is_one_step_of_the_cuda_graph_trees():
     (seen on an H200: "accessing tensor output of CUDAGraphs that has been overwritten"). Inside a
     model call the step stays the same for every graph; each call is a new step; after the call,
     torch's own rule is back for other code."""
+    before = _trees_generation()
+    _enter_compiled_code()
+    assert _trees_generation() != before  # torch's rule outside a Kiln call: each entry a new step
     budget = CudaGraphBudget(limit=4)
     outside = _trees_generation()
     seen = []
     for shape in ((2, 8), (2, 8)):
         with budget.for_call(shape):
             first = _trees_generation()
+            _enter_compiled_code()  # a region
+            _enter_compiled_code()  # the next region
             seen.append((first, _trees_generation()))
-        assert _trees_generation() == outside
+        assert _trees_generation() == _torch_generation()  # after the call: torch's own numbering again
     (a_first, a_last), (b_first, b_last) = seen
-    assert a_first == a_last and b_first == b_last   # one step through each call
+    assert a_first == a_last and b_first == b_last   # one step through each call, however many graphs
     assert len({a_first, b_first, outside}) == 3     # a new step per call
     assert a_first <= compat.KILN_STEPS_FROM and b_first <= compat.KILN_STEPS_FROM  # Kiln's numbers, not torch's
 
@@ -137,6 +156,7 @@ def test_the_step_marker_is_put_back_when_the_call_fails():
     outside = _trees_generation()
     with pytest.raises(RuntimeError, match="boom"):
         with budget.for_call((2, 8)):
+            assert _trees_generation() != outside
             raise RuntimeError("boom")
     assert _trees_generation() == outside
 
