@@ -17,6 +17,9 @@ case "$part ${2:-}" in
     tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|host\ ?*) ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
+if [ "$part" = host ]; then  # a case name (it names the output file): letters, digits and dashes
+    [[ "$2" =~ ^[a-z0-9-]+$ ]] || { echo "$usage" >&2; exit 2; }
+fi
 if [ "$part" = tests ]; then  # only test files and folders of this checkout
     for path in "${@:2}"; do
         case "$path" in *..*) echo "$usage" >&2; exit 2 ;; tests/*) [ -e "$path" ] || { echo "$usage" >&2; exit 2; } ;;

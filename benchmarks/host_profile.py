@@ -18,6 +18,7 @@ import cProfile
 import datetime
 import json
 import pstats
+import statistics
 import sys
 import time
 import traceback
@@ -69,7 +70,7 @@ def host_ms(fn: Callable[[], object], device: str, reps: int) -> float:
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     sync(device)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def runtime_calls(fn: Callable[[], object], steps: int) -> tuple[float, float]:

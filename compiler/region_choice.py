@@ -188,11 +188,12 @@ def time_both(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, di
     step with them compiled ran at 0.82x eager's)."""
     samples: dict[str, list[float]] = {"compiled": [], "eager": []}
     calls = {"compiled": compiled, "eager": eager}
-    count = calls_per_sample(device, input_bytes(args, kwargs))
-    if count < calls_per_sample(device, 0):
+    size = input_bytes(args, kwargs)
+    count = calls_per_sample(device, size)
+    if device == "cuda" and count < PIPELINED_CALLS:
         log.info("Kiln: a region timed with %d call(s) a sample instead of %d: more copies of its inputs "
                  "(%.0f MiB each) would take over %.0f%% of the GPU's free memory", count, PIPELINED_CALLS,
-                 input_bytes(args, kwargs) / 2 ** 20, COPIES_MEMORY_SHARE * 100)
+                 size / 2 ** 20, COPIES_MEMORY_SHARE * 100)
     for round_ in range(rounds):
         for name in ("compiled", "eager") if round_ % 2 == 0 else ("eager", "compiled"):
             inputs = [fresh_copies(args, kwargs) for _ in range(count)]

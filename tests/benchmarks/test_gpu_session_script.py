@@ -15,7 +15,8 @@ def test_script_parses():
 
 @pytest.mark.parametrize("args", [[], ["bogus"], ["suite"], ["shapes", "sideways"], ["tests", "extra"],
                                   ["tests", "tests/no_such_test.py"], ["tests", "/etc/passwd"],
-                                  ["tests", "tests/../README.md"], ["host"]])
+                                  ["tests", "tests/../README.md"], ["host"],
+                                  ["host", "../../tmp/x"], ["host", "sd15 512"]])
 def test_wrong_parts_are_refused_with_the_usage(args, tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path)))
     assert done.returncode == 2 and done.stderr.startswith("usage: gpu_session.sh tests")
