@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 MAX_ANSWER_BYTES = 256 * 2**20  # a JSON answer; /object_info with many node packs is tens of MiB
+MAX_IMAGE_BYTES = 1024 * 2**20  # an image a server sends (a 16-bit 8192x8192 PNG is under 512 MiB)
 MAX_NAME_TRIES = 1000  # name.png, name-1.png, ... name-999.png: past that the folder is full of this image
 MAX_NAME_BYTES = 200  # an image's file name; leaves room for '-999' under the usual 255-byte limit
 
@@ -297,7 +298,9 @@ def _read_answer(response, path: str, limit: int = MAX_ANSWER_BYTES) -> bytes:
 
 
 def _copy_answer(response, file, path: str) -> None:
-    """Write an answer's body to `file` as it comes; ServerAnswerError if it is cut short."""
+    """Write an answer's body to `file` as it comes; ServerAnswerError if it is cut short or longer
+    than MAX_IMAGE_BYTES (a server cannot fill the disk)."""
+    limit = MAX_IMAGE_BYTES
     copied = 0
     while True:
         try:
@@ -306,8 +309,10 @@ def _copy_answer(response, file, path: str) -> None:
             raise ServerAnswerError(f"the server sent {path}'s answer cut short ({_why(exc)})") from None
         if not chunk:
             break
-        file.write(chunk)
         copied += len(chunk)
+        if copied > limit:
+            raise ServerAnswerError(f"the server sent {path} an answer of more than {limit} bytes")
+        file.write(chunk)
     _check_complete(response, path, copied)
 
 

@@ -89,7 +89,7 @@ class RegionTiming:
             raise ValueError(f"{where}: {len(data)} bytes, more than a region timing's {MAX_CHOICE_BYTES}")
         try:
             raw = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # nested too deep: RecursionError
             raise ValueError(f"{where}: not JSON ({exc})") from None
         if not isinstance(raw, dict) or set(raw) != {"compiled_ms", "eager_ms"}:
             raise ValueError(f"{where}: expected exactly the fields compiled_ms and eager_ms")

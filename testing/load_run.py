@@ -92,21 +92,22 @@ def mix(prompt: dict, count: int) -> list[tuple[dict, dict]]:
 
 
 MAX_PNG_BYTES = 256 * 2**20        # an image file a server sent: read whole, so bounded
-MAX_PNG_PIXELS = 16384 * 16384
+MAX_PNG_PIXELS = 4096 * 4096        # what is read of one (RGBA: 64 MiB of rows; the runs make 1024x1024 at most)
 
 
 def read_png_file(path: Path) -> bytes:
     """The bytes of an image file a server sent, refused (ValueError) past MAX_PNG_BYTES."""
-    size = Path(path).stat().st_size
-    if size > MAX_PNG_BYTES:
-        raise ValueError(f"{path}: {size} bytes, more than an image file's {MAX_PNG_BYTES}")
-    return Path(path).read_bytes()
+    with open(path, "rb") as file:
+        data = file.read(MAX_PNG_BYTES + 1)  # read at most one byte past the bound, however the file grows
+    if len(data) > MAX_PNG_BYTES:
+        raise ValueError(f"{path}: more than an image file's {MAX_PNG_BYTES} bytes")
+    return data
 
 
 def read_png(data: bytes) -> tuple[int, int, int, bytes]:
     """(width, height, channels, pixels) of an 8-bit non-interlaced PNG (what ComfyUI's SaveImage writes).
     The image is a server's answer: at most MAX_PNG_PIXELS, and its compressed rows are inflated only
-    to the size its header gives (a small file cannot unpack into gigabytes)."""
+    to the size its header gives (a small file unpacks into 64 MiB of rows at most)."""
     if data[:8] != b"\x89PNG\r\n\x1a\n":
         raise ValueError("not a PNG")
     pos, chunks, header = 8, [], None

@@ -29,6 +29,7 @@ log = logging.getLogger("kiln")
 
 NEEDS_FILE = "kiln-needs.json"           # in an entry: the keys of the entries whose kernels it may run
 MAX_NEEDS = 256
+MAX_NEEDS_BYTES = MAX_NEEDS * 40  # a JSON list of that many 32-digit keys, with room to spare
 GRAPH_FOLDERS = ("fxgraph", "aotautograd")  # Inductor's per-graph records: a needed entry's stay with it
 
 
@@ -140,11 +141,13 @@ class GraphCache:
         if data is None:
             return []
         try:
+            if len(data) > MAX_NEEDS_BYTES:
+                raise ValueError(f"{len(data)} bytes, more than a list of {MAX_NEEDS} keys takes")
             keys = json.loads(data)
             if not (isinstance(keys, list) and len(keys) <= MAX_NEEDS
                     and all(isinstance(k, str) and KEY_PATTERN.fullmatch(k) for k in keys)):
                 raise ValueError(f"not a list of at most {MAX_NEEDS} entry keys")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
             log.warning("Kiln: entry %s: ignored its %s (%s)", entry.key, NEEDS_FILE, exc)
             return []
         for key in keys:

@@ -316,12 +316,17 @@ def test_a_needs_list_that_is_not_one_is_ignored_and_inductor_builds_what_is_mis
     first.lower(KernelLowering("B", ("k2",), built), dict(FIELDS, graph="B"))
     store = CacheStore(str(tmp_path), 2**30)
     entry = store.read(entry_key(dict(FIELDS, graph="B")))
-    entry.files["kiln-needs.json"] = b'["../../etc/passwd"]'
-    store.write(entry)  # signed with the user's key, yet not a list of keys: read as untrusted all the same
-    lowering = KernelLowering("B", ("k2",), set())
-    _, _, event = GraphCache(options).lower(lowering, dict(FIELDS, graph="B"))
-    assert event.outcome == "hit" and lowering.builds == 1
-    assert "ignored its kiln-needs.json (not a list of at most 256 entry keys)" in caplog.text
+    hostile = {b'["../../etc/passwd"]': "not a list of at most 256 entry keys",
+               b"[" * 100_000: "more than a list of 256 keys takes",
+               b"[" * 5_000: "recursion"}  # under the size cap, nested past Python's recursion limit
+    for data, said in hostile.items():
+        entry.files["kiln-needs.json"] = data
+        store.write(entry)  # signed with the user's key, yet not a list of keys: read as untrusted all the same
+        lowering = KernelLowering("B", ("k2",), set())
+        caplog.clear()
+        _, _, event = GraphCache(options).lower(lowering, dict(FIELDS, graph="B"))
+        assert event.outcome == "hit" and lowering.builds == 1
+        assert "ignored its kiln-needs.json" in caplog.text and said in caplog.text
 
 
 def test_inductor_probes_the_cpu_before_its_cache_directory_becomes_the_lowerings_own(tmp_path, monkeypatch):

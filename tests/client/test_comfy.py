@@ -99,6 +99,15 @@ def test_a_download_cut_short_leaves_no_file(tmp_path, answer, says):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_download_longer_than_the_limit_is_refused_and_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(comfy_module, "MAX_IMAGE_BYTES", 3 * 2**20)
+    with FakeComfy() as fake:
+        fake.answers["/view"] = http_answer(b"\0" * (4 * 2**20), content_type="image/png")
+        with pytest.raises(ServerAnswerError, match="^the server sent /view an answer of more than 3145728 bytes"):
+            ComfyClient(fake.url).download(IMAGE, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_http_error_is_one_line():
     with FakeComfy() as fake:
         fake.answers["/object_info"] = http_answer(b"Traceback (most recent call last):\n  boom\n", "500 Oops")

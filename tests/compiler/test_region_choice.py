@@ -106,6 +106,7 @@ def test_a_stored_timing_reads_back_and_a_bad_one_is_refused_naming_the_field():
         b'{"compiled_ms": "1", "eager_ms": 2.0}': "compiled_ms=1",
         b'[1.0, 2.0]': "exactly the fields",
         b" " * 2000: "more than a region timing's",
+        b"[" * 1000: "not JSON",  # nested past Python's recursion limit: RecursionError inside json
     }
     for data, said in bad.items():
         with pytest.raises(ValueError, match="the stored choice") as caught:

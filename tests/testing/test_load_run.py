@@ -177,10 +177,13 @@ def test_a_png_a_server_sends_cannot_unpack_into_gigabytes_or_claim_any_size(tmp
     huge = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
     with pytest.raises(ValueError, match="100000x100000 pixels"):
         load_run.read_png(b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", huge) + _chunk(b"IDAT", zlib.compress(b"")))
+    over = struct.pack(">IIBBBBB", 4097, 4096, 8, 6, 0, 0, 0)  # one column past the cap, RGBA
+    with pytest.raises(ValueError, match="4097x4096 pixels: at most 16777216 are read"):
+        load_run.read_png(b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", over) + _chunk(b"IDAT", zlib.compress(b"")))
     with pytest.raises(ValueError, match="without its IHDR"):
         load_run.read_png(b"\x89PNG\r\n\x1a\n" + _chunk(b"IDAT", zlib.compress(b"")))
     short = png(2, 2, 3, bytes(12), [0])[:-40]  # cut inside the rows
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="2x2 PNG whose rows unpack to fewer than 14 bytes"):
         load_run.read_png(short)
     path = tmp_path / "big.png"
     path.write_bytes(png(2, 2, 3, bytes(12), [0]))
