@@ -129,6 +129,7 @@ class GraphCache:
                 continue
             if needed is None:
                 continue
+            self._saw(key)  # only an entry that was read: a missing or damaged one is not handed on
             for name, data in needed.files.items():
                 if name not in files and name != NEEDS_FILE and name.split("/")[0] not in GRAPH_FOLDERS:
                     files[name] = data
@@ -150,8 +151,6 @@ class GraphCache:
         except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
             log.warning("Kiln: entry %s: ignored its %s (%s)", entry.key, NEEDS_FILE, exc)
             return []
-        for key in keys:
-            self._saw(key)
         return keys
 
     def _saw(self, key: str) -> None:
@@ -232,7 +231,8 @@ class GraphCache:
                                                "(see TORCH_LOGS=+inductor for its bypass reason)".lstrip("; "), key)
             log.warning("Kiln: %s", event.line())
             return event
-        needs = [seen for seen in self._seen if seen != key][-MAX_NEEDS:]
+        # the first entries: a kernel is built into the lowering that first needs it
+        needs = [seen for seen in self._seen if seen != key][:MAX_NEEDS]
         if needs:
             files[NEEDS_FILE] = json.dumps(needs).encode()
         entry = Entry(key=key, fields=fields, files=files, compile_seconds=seconds)

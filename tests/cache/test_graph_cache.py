@@ -344,6 +344,35 @@ def test_inductor_probes_the_cpu_before_its_cache_directory_becomes_the_lowering
     assert len(probed_in) == 1 and str(tmp_path) not in probed_in[0]
 
 
+def _needs_of(store, fields) -> list:
+    return json.loads(store.read(entry_key(fields)).files.get("kiln-needs.json", b"[]"))
+
+
+def test_past_the_bound_the_needs_list_keeps_the_first_entries_which_hold_the_kernels(tmp_path, monkeypatch):
+    from kiln.compiler.cache import graph_cache
+
+    monkeypatch.setattr(graph_cache, "MAX_NEEDS", 1)
+    cache, built = GraphCache(CacheOptions(dir=str(tmp_path))), set()
+    for graph, kernels in (("A", ("k1",)), ("B", ("k1", "k2")), ("C", ("k1", "k2"))):
+        cache.lower(KernelLowering(graph, kernels, built), dict(FIELDS, graph=graph))
+    store = CacheStore(str(tmp_path), 2**30)
+    assert _needs_of(store, dict(FIELDS, graph="C")) == [entry_key(dict(FIELDS, graph="A"))]  # A built k1
+
+
+def test_a_needed_entry_that_cannot_be_read_is_not_handed_on(tmp_path):
+    options = CacheOptions(dir=str(tmp_path))
+    first, built = GraphCache(options), set()
+    first.lower(KernelLowering("A", ("k1", "k2"), built), dict(FIELDS, graph="A"))
+    first.lower(KernelLowering("B", ("k2",), built), dict(FIELDS, graph="B"))
+    store = CacheStore(str(tmp_path), 2**30)
+    a_key, b_key = entry_key(dict(FIELDS, graph="A")), entry_key(dict(FIELDS, graph="B"))
+    os.remove(store.path(a_key))
+    second = GraphCache(options)
+    second.lower(KernelLowering("B", ("k2",), set()), dict(FIELDS, graph="B"))  # a hit that needs A, gone
+    second.lower(KernelLowering("C", ("k3",), set()), dict(FIELDS, graph="C"))
+    assert _needs_of(store, dict(FIELDS, graph="C")) == [b_key]
+
+
 def test_a_needs_list_too_long_or_naming_a_damaged_entry_still_loads_its_own_entry(tmp_path, caplog):
     options = CacheOptions(dir=str(tmp_path))
     first, built = GraphCache(options), set()
