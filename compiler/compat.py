@@ -336,14 +336,21 @@ def has_forward_hooks(module: torch.nn.Module) -> bool:
 
 
 def detect_cpu_vector_isa() -> None:
-    """Let Inductor probe the CPU's vector instruction sets now, in its own cache directory. It builds
-    a test program per instruction set into its current cache directory and keeps the answer for the
-    process (`torch._inductor.cpu_vec_isa.valid_vec_isa_list`, cached; checked: torch 2.5 - 2.14);
-    probed first inside a lowering under Kiln's cache, the programs went to that lowering's fresh
-    folder and every new process built them again (about 6 s on a 2-core CPU)."""
+    """Let Inductor probe the CPU's vector instruction sets now. It builds a test program per
+    instruction set into its current cache directory, skipping any already built there, and keeps
+    the answer for the process (`torch._inductor.cpu_vec_isa.valid_vec_isa_list`, cached; checked:
+    torch 2.5 - 2.14). Kiln's cache keeps the programs (compiler/cache/cpu_probe.py)."""
     from torch._inductor import cpu_vec_isa
 
     cpu_vec_isa.valid_vec_isa_list()
+
+
+def cpu_vector_isa_detected() -> bool:
+    """Whether Inductor has probed the CPU in this process (its answer is cached: checked as above)."""
+    from torch._inductor import cpu_vec_isa
+
+    info = getattr(cpu_vec_isa.valid_vec_isa_list, "cache_info", None)
+    return info is not None and info().currsize > 0
 
 
 def own_code(function, name: str):

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .. import compat
+from . import cpu_probe
 from . import key as cache_key
 from .options import CacheOptions
 from .entry import KEY_PATTERN
-from .store import CacheEntryError, CacheStore, Entry, read_files, write_files
+from .store import CacheEntryError, CacheStore, Entry, error_text, read_files, write_files
 from .trust import CacheError
 
 log = logging.getLogger("kiln")
@@ -83,7 +84,7 @@ class GraphCache:
             self.unavailable = reason
 
     def _disable_for(self, exc: Exception) -> None:
-        where = f"cannot use the cache directory {self.options.root} ({_why(exc)})" if isinstance(exc, OSError) else ""
+        where = f"cannot use the cache directory {self.options.root} ({error_text(exc)})" if isinstance(exc, OSError) else ""
         self._disable(f"{where or exc}; compiling without the cache")
 
     def lower(self, lower: Callable[[], tuple], fields: dict) -> tuple[Callable, str, CacheEvent]:
@@ -95,7 +96,7 @@ class GraphCache:
         if store is None:
             return self._without_cache(lower, label, key)
         if str(fields.get("device", "")).startswith("cpu"):
-            compat.detect_cpu_vector_isa()  # before Inductor's cache directory becomes the lowering's own
+            cpu_probe.detect_cpu_vector_isa(store)  # before Inductor's cache directory becomes the lowering's own
         entry, reason = None, ""
         try:
             if self.options.mode == "use":
@@ -194,7 +195,7 @@ class GraphCache:
                 pass  # a read-only directory: the fresh compile's write will say so
             return None, f"refused: {exc}"
         except OSError as exc:
-            return None, f"cannot read the entry ({_why(exc)})"
+            return None, f"cannot read the entry ({error_text(exc)})"
         if entry is None:
             if not explain:
                 return None, ""
@@ -225,7 +226,7 @@ class GraphCache:
             files = read_files(work)
         except OSError as exc:
             self._disable_for(exc)
-            return CacheEvent(label, outcome, f"{reason}; not stored: {_why(exc)}".lstrip("; "), key)
+            return CacheEvent(label, outcome, f"{reason}; not stored: {error_text(exc)}".lstrip("; "), key)
         if not any(name.startswith("fxgraph/") for name in files):
             event = CacheEvent(label, outcome, f"{reason}; nothing stored: Inductor did not cache this graph "
                                                "(see TORCH_LOGS=+inductor for its bypass reason)".lstrip("; "), key)
@@ -240,7 +241,7 @@ class GraphCache:
             size = store.write(entry)
         except (CacheError, OSError) as exc:
             self._disable_for(exc)
-            return CacheEvent(label, outcome, f"{reason}; not stored: {_why(exc)}".lstrip("; "), key)
+            return CacheEvent(label, outcome, f"{reason}; not stored: {error_text(exc)}".lstrip("; "), key)
         self._saw(key)
         event = CacheEvent(label, outcome, reason, key, entry_bytes=size)
         log.info("Kiln: %s", event.line())
@@ -253,8 +254,3 @@ def _lower_in(work: str, lower) -> tuple[Callable, str, float]:
     with compat.inductor_persistent_caches(), compat.inductor_cache_dir(work):
         compiled, name = lower()
     return compiled, name, time.perf_counter() - start
-
-
-def _why(exc: Exception) -> str:
-    """What went wrong, in a few words: an OSError's own words ("No space left on device")."""
-    return str(getattr(exc, "strerror", None) or exc)

@@ -284,3 +284,8 @@ def write_files(directory: str, files: dict[str, bytes]) -> None:
         path = os.path.join(directory, *name.split("/"))
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         _write_new(path, data)
+
+
+def error_text(exc: Exception) -> str:
+    """What went wrong, in a few words: an OSError's own words ("No space left on device")."""
+    return str(getattr(exc, "strerror", None) or exc)

@@ -329,21 +329,6 @@ def test_a_needs_list_that_is_not_one_is_ignored_and_inductor_builds_what_is_mis
         assert "ignored its kiln-needs.json" in caplog.text and said in caplog.text
 
 
-def test_inductor_probes_the_cpu_before_its_cache_directory_becomes_the_lowerings_own(tmp_path, monkeypatch):
-    """Inductor builds its CPU instruction-set probes into its current cache directory: probed inside a
-    lowering's fresh folder, every new process built them again (about 6 s)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    from kiln.compiler import compat
-
-    probed_in = []
-    monkeypatch.setattr(compat, "detect_cpu_vector_isa", lambda: probed_in.append(cache_dir()))
-    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
-    cache.lower(FakeLowering(), dict(FIELDS, device="cpu (x86_64)"))
-    cache.lower(FakeLowering(), dict(FIELDS, graph="g2", device="cuda sm_90 (H100)"))
-    assert len(probed_in) == 1 and str(tmp_path) not in probed_in[0]
-
-
 def _needs_of(store, fields) -> list:
     return json.loads(store.read(entry_key(fields)).files.get("kiln-needs.json", b"[]"))
 

@@ -1,0 +1,147 @@
+"""Inductor's CPU instruction-set probe under Kiln's cache: its test programs are built once, kept as a
+signed entry and written back for a later process, which then builds none; a bad entry or a cache that
+cannot be written never stops the probe."""
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kiln.compiler import compat
+from kiln.compiler.cache import CacheOptions, CacheStore, GraphCache, cpu_probe, entry_key
+
+from .test_graph_cache import FIELDS, FakeLowering
+
+
+class FakeProbe:
+    """Like Inductor's probe: builds each test program into its current cache directory unless it is
+    there already, once a process (`new_process()` forgets the answer)."""
+
+    PROGRAMS = ("ab/cavx512.cpp", "ab/cavx512.so", "cd/cavx2.cpp", "cd/cavx2.so")
+
+    def __init__(self, monkeypatch, programs=PROGRAMS):
+        self.programs, self.builds, self.dirs, self.done = programs, 0, [], False
+        monkeypatch.setattr(compat, "detect_cpu_vector_isa", self)
+        monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: self.done)
+
+    def __call__(self):
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        self.dirs.append(cache_dir())
+        for name in self.programs:
+            path = os.path.join(cache_dir(), *name.split("/"))
+            if not os.path.exists(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                open(path, "wb").write(b"program " + name.encode())
+                self.builds += 1
+        self.done = True
+
+    def new_process(self):
+        self.done = False
+
+
+def _store(tmp_path) -> CacheStore:
+    return CacheOptions(dir=str(tmp_path)).open()
+
+
+def test_the_programs_are_built_once_and_a_later_process_builds_none(tmp_path, monkeypatch, caplog):
+    probe = FakeProbe(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    assert probe.builds == 4 and "stored them in Kiln's cache" in caplog.text
+    assert probe.dirs[0].startswith(os.path.join(str(tmp_path), "work"))  # a folder of Kiln's, not Inductor's own
+    entry = _store(tmp_path).read(entry_key(cpu_probe.probe_fields()))
+    assert sorted(entry.files) == sorted(FakeProbe.PROGRAMS)
+
+    probe.new_process()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    assert probe.builds == 4 and probe.done and "loaded its test programs from Kiln's cache" in caplog.text
+
+
+def test_once_a_process_and_not_at_all_when_inductor_probed_already(tmp_path, monkeypatch):
+    probe = FakeProbe(monkeypatch)
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    assert len(probe.dirs) == 1
+    other = tmp_path / "other"
+    cpu_probe.detect_cpu_vector_isa(_store(other))  # this process probed: nothing read, nothing stored
+    assert len(probe.dirs) == 1 and list(_store(other).headers()) == []
+
+
+def test_programs_the_entry_lacks_are_built_and_the_entry_replaced(tmp_path, monkeypatch):
+    FakeProbe(monkeypatch, programs=FakeProbe.PROGRAMS[:2])
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    probe = FakeProbe(monkeypatch)  # another compiler: Inductor's names differ for some programs
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    assert probe.builds == 2
+    entry = _store(tmp_path).read(entry_key(cpu_probe.probe_fields()))
+    assert sorted(entry.files) == sorted(FakeProbe.PROGRAMS)
+
+
+def test_a_tampered_entry_is_refused_and_the_probe_builds_afresh(tmp_path, monkeypatch, caplog):
+    probe = FakeProbe(monkeypatch)
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    path = _store(tmp_path).path(entry_key(cpu_probe.probe_fields()))
+    data = open(path, "rb").read()
+    open(path, "wb").write(data.replace(b"program ab/cavx512.so", b"payload ab/cavx512.so"))
+    probe.new_process()
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    assert "refused" in caplog.text and probe.builds == 8  # nothing of the tampered entry was written back
+    assert _store(tmp_path).read(entry_key(cpu_probe.probe_fields())) is not None  # stored afresh
+
+
+def test_a_cache_that_cannot_be_written_still_probes(tmp_path, monkeypatch, caplog):
+    probe = FakeProbe(monkeypatch)
+    store = _store(tmp_path)
+    monkeypatch.setattr(store, "write", lambda entry: (_ for _ in ()).throw(OSError(30, "Read-only file system")))
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(store)
+    assert probe.done and probe.builds == 4 and "were not stored (Read-only file system)" in caplog.text
+
+
+def test_a_cache_whose_work_folder_cannot_be_made_still_probes(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # where Inductor probes without Kiln
+    probe = FakeProbe(monkeypatch)
+    store = _store(tmp_path)
+    monkeypatch.setattr(store, "work_dir", lambda: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    cpu_probe.detect_cpu_vector_isa(store)
+    assert probe.done and probe.builds == 4 and probe.dirs == [str(tmp_path / "inductor")]
+
+
+def test_a_cpu_lowering_probes_first_in_kilns_folder_and_a_cuda_one_never(tmp_path, monkeypatch):
+    probe = FakeProbe(monkeypatch)
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    cache.lower(FakeLowering(), dict(FIELDS, graph="g2", device="cuda sm_90 (H100)"))
+    assert probe.dirs == []
+    cache.lower(FakeLowering(), dict(FIELDS, device="cpu (x86_64)"))
+    assert len(probe.dirs) == 1 and probe.done
+
+
+CHILD = """
+import sys
+from torch._inductor import cpp_builder, cpu_vec_isa
+from kiln.compiler.cache import CacheOptions, cpu_probe
+builds = []
+real_build = cpp_builder.CppBuilder.build
+cpp_builder.CppBuilder.build = lambda self: builds.append(1) or real_build(self)
+cpu_probe.detect_cpu_vector_isa(CacheOptions(dir=sys.argv[1]).open())
+print(len(builds), len(cpu_vec_isa.valid_vec_isa_list()))
+"""
+
+
+@pytest.mark.slow
+def test_inductors_own_probe_in_a_later_process_builds_nothing(tmp_path):
+    """The real probe (about 8 s on a 2-core CPU), in two processes each with an empty Inductor cache
+    directory: the second takes the programs from Kiln's cache and runs no compiler."""
+    runs = []
+    for process in ("first", "second"):
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{process}"))
+        done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "kiln")], env=env, capture_output=True,
+                              text=True, check=True)
+        runs.append(tuple(int(n) for n in done.stdout.split()[-2:]))
+    (first_builds, sets), (second_builds, sets_again) = runs
+    assert first_builds >= 1 and second_builds == 0 and sets == sets_again
