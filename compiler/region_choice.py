@@ -16,11 +16,11 @@ start with the cache finds it before capturing: a region measured slower is not 
 
 Most of a first compile is spent on regions of one class (SD1.5: 13 of its 16 lowered regions are
 ResNet blocks of different widths), each costing seconds to lower, so a class is judged by its first
-regions: once the first PREDICT_AFTER regions of a block class, taken together, gained less than
-CLASS_MIN_GAIN compiled, the class's other regions on that model are not compiled at all and run
-eagerly, said as such (`ClassVerdicts`); a marginal gain is not worth more seconds of compiling, and
-a rule at 3% would flip between runs on noise. A class whose first regions gain more keeps every
-region compiled and measured.
+regions (`ClassVerdicts`): when its first region measured no faster compiled, or once its first
+PREDICT_AFTER regions, taken together, gained less than CLASS_MIN_GAIN compiled, the class's other
+regions on that model are not compiled at all and run eagerly, said as such; a marginal gain is not
+worth more seconds of compiling, and a rule at 3% over two regions would flip between runs on noise.
+A class whose first regions gain more keeps every region compiled and measured.
 
 Not measured (the region stays compiled, as before): a block with hooks, or with ComfyUI patches a
 block calls (a patch may keep state, and measuring runs the block 2 x ROUNDS more times), a region
@@ -100,9 +100,10 @@ class RegionTiming:
 
 
 class ClassVerdicts:
-    """What the regions of each block class measured so far, on one model: once the first
-    PREDICT_AFTER regions of a class, together, gained less than CLASS_MIN_GAIN compiled, the class's
-    other regions are not compiled either (each would cost a lowering to gain as little)."""
+    """What the regions of each block class measured so far, on one model: when the first region of a
+    class measured no faster compiled, or once its first PREDICT_AFTER regions, together, gained less
+    than CLASS_MIN_GAIN compiled, the class's other regions are not compiled either (each would cost a
+    lowering to gain as little)."""
 
     def __init__(self):
         self.measured: dict[str, list[tuple[str, RegionTiming]]] = {}
@@ -112,7 +113,11 @@ class ClassVerdicts:
 
     def predicted_eager(self, block_class: str) -> str:
         """Why the class's next region is not compiled ('' when it is)."""
-        first = self.measured.get(block_class, [])[:PREDICT_AFTER]
+        measured = self.measured.get(block_class, [])
+        if measured and not measured[0][1].compiled_pays:
+            region, timing = measured[0]
+            return f"not compiled: the first region of its class ({region}) measured no faster compiled ({timing.line()})"
+        first = measured[:PREDICT_AFTER]
         if len(first) < PREDICT_AFTER:
             return ""
         together = RegionTiming(sum(t.compiled_ms for _, t in first), sum(t.eager_ms for _, t in first))
