@@ -1,5 +1,6 @@
 """Compiled or eager per region, by measurement (compiler/region_choice.py), and the choice kept in the cache."""
 import logging
+import math
 
 import pytest
 import torch
@@ -126,7 +127,7 @@ def test_fresh_copies_keep_strides_and_kind_and_copy_dicts_one_level():
     assert copied is not options and copied["t"] is not y and copied["t"].is_inference() and copied["scale"] == 0.5
 
 
-def test_time_both_gives_each_call_its_own_copies_and_alternates_the_order():
+def test_time_both_gives_each_call_its_own_copies_and_alternates_the_order(monkeypatch):
     x = torch.zeros(3)
     order = []
 
@@ -138,15 +139,31 @@ def test_time_both_gives_each_call_its_own_copies_and_alternates_the_order():
         args[0].add_(1)
         order.append("e")
 
+    monkeypatch.setattr(region_choice, "MAX_CPU_CALLS", 1)
     timing = time_both(compiled, eager, (x,), {}, "cpu", rounds=4)
-    assert torch.equal(x, torch.zeros(3)) and order == ["c", "e", "e", "c", "c", "e", "e", "c"]
+    assert torch.equal(x, torch.zeros(3)) and order == ["c", "e"] + ["c", "e", "e", "c", "c", "e", "e", "c"]  # warm-up
     assert timing.compiled_ms > 0 and timing.eager_ms > 0
+
+
+def test_on_a_cpu_a_sample_is_as_many_calls_as_outlast_the_noise(monkeypatch):
+    """After one call of each side (the warm-up), sized by its eager call: MIN_SAMPLE_MS of calls a sample,
+    at most MAX_CPU_CALLS."""
+    assert region_choice.calls_per_sample("cpu", 1 << 30, call_ms=50.0) == 1
+    assert region_choice.calls_per_sample("cpu", 1 << 30, call_ms=region_choice.MIN_SAMPLE_MS / 4) == 4
+    assert region_choice.calls_per_sample("cpu", 1 << 30, call_ms=0.0) == region_choice.MAX_CPU_CALLS
+    order = []
+    clock = iter(range(0, 10_000, 1))  # each reading 1 ms after the last...
+    monkeypatch.setattr(region_choice.time, "perf_counter", lambda: next(clock) / 1e3)
+    timing = time_both(lambda a, k: order.append("c"), lambda a, k: order.append("e"), (torch.zeros(3),), {}, "cpu",
+                       rounds=2)
+    n = math.ceil(region_choice.MIN_SAMPLE_MS)  # ... so the warm-up's eager call reads 1 ms
+    assert order == ["c", "e"] + ["c"] * n + ["e"] * n + ["e"] * n + ["c"] * n
+    assert timing.compiled_ms == pytest.approx(1 / n) and timing.eager_ms == pytest.approx(1 / n)
 
 
 def test_on_a_gpu_a_sample_is_calls_issued_back_to_back(monkeypatch):
     """A step issues a block's work while the GPU runs the blocks before it, so on a GPU a sample is
-    PIPELINED_CALLS calls between two synchronisations, each on its own copies; one call per sample
-    on a CPU, where nothing runs ahead."""
+    PIPELINED_CALLS calls between two synchronisations, each on its own copies."""
     syncs, order = [], []
     monkeypatch.setattr(region_choice, "_sync", lambda device: syncs.append(len(order)))
     monkeypatch.setattr(region_choice, "_free_gpu_bytes", lambda: 1 << 40)
@@ -167,14 +184,13 @@ def test_on_a_gpu_a_sample_is_calls_issued_back_to_back(monkeypatch):
     assert syncs == [0, n, n, 2 * n, 2 * n, 3 * n, 3 * n, 4 * n]  # around each sample's calls, not each call
     assert len({id(t) for _, t in order}) == 4 * n and torch.equal(x, torch.zeros(3))
     assert timing.compiled_ms == timing.eager_ms == 10_000 / n  # a sample's time over its calls, in ms
-    assert region_choice.calls_per_sample("cpu", 1 << 30) == 1
 
 
 def test_on_a_gpu_the_copies_of_big_inputs_fit_a_share_of_its_free_memory(monkeypatch):
     monkeypatch.setattr(region_choice, "_free_gpu_bytes", lambda: 8 << 30)  # 8 GiB free: 2 GiB for copies
-    assert region_choice.calls_per_sample("cuda", 64 << 20) == region_choice.PIPELINED_CALLS
-    assert region_choice.calls_per_sample("cuda", 700 << 20) == 2
-    assert region_choice.calls_per_sample("cuda", 5 << 30) == 1  # never fewer than one
+    assert region_choice.calls_per_sample("cuda", 64 << 20, 0.0) == region_choice.PIPELINED_CALLS
+    assert region_choice.calls_per_sample("cuda", 700 << 20, 0.0) == 2
+    assert region_choice.calls_per_sample("cuda", 5 << 30, 0.0) == 1  # never fewer than one
     args = (torch.zeros(4, 8), {"transformer_options": True, "mask": torch.zeros(2, dtype=torch.float16)})
     assert region_choice.input_bytes(args, {"context": torch.zeros(3)}) == 4 * 8 * 4 + 2 * 2 + 3 * 4
 
@@ -402,6 +418,12 @@ def test_a_class_whose_first_regions_gained_under_10_percent_together_is_judged_
     assert why.startswith("not compiled: the first 2 regions of its class (Mix#1, Mix#2) gained less than 10% "
                           "compiled together (compiled 2.050 ms, eager 2.100 ms a call (1.02x))")
     assert slow.predicted_eager("Tokens") == ""
+    outlier = region_choice.ClassVerdicts()
+    outlier.record("Mix", "Mix#1", RegionTiming(1.0, 3.0))  # one timing far off carries the sum past 10%...
+    outlier.record("Mix", "Mix#2", RegionTiming(1.0, 1.01))
+    assert outlier.predicted_eager("Mix") == (  # ... but not the class
+        "not compiled: Mix#2, of the first 2 regions of its class (Mix#1, Mix#2), measured no faster compiled "
+        "(compiled 1.000 ms, eager 1.010 ms a call (1.01x))")
 
 
 def test_a_class_whose_first_region_measured_slower_is_judged_by_it():
