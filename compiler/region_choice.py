@@ -8,9 +8,9 @@ transformer blocks gain; on a fast GPU a small block's compiled call can wait on
 
 So by blocks, on a region's first call, right after it compiled, Kiln times the call both ways on
 copies of the same inputs (ROUNDS interleaved rounds, the median of each; a sample is calls issued
-back to back: on a GPU as a step issues them, on a CPU enough to outlast the noise: `time_both`)
-and keeps the region
-compiled only when it is at least MIN_GAIN faster; otherwise its blocks run eagerly from then on.
+back to back: on a GPU as a step issues them, on a CPU enough to outlast the noise: `time_both`) and
+keeps the region compiled only when it is at least MIN_GAIN faster; otherwise its blocks run eagerly
+from then on.
 The decision is said with both times (log, `kiln.stats(m).regions_eager`, the node's line) and kept
 in Kiln's cache under the region's signature, the inputs' shapes and the environment, so a later
 start with the cache finds it before capturing: a region measured slower is not captured again.
@@ -107,9 +107,9 @@ class RegionTiming:
 
 class ClassVerdicts:
     """What the regions of each block class measured so far, on one model: when the first region of a
-    class measured slower compiled than eager, or once its first PREDICT_AFTER regions, together, gained less
-    than CLASS_MIN_GAIN compiled or one of them measured no faster, the class's other regions are not
-    compiled either (each would cost a lowering to gain as little)."""
+    class measured slower compiled than eager, or once its first PREDICT_AFTER regions, together,
+    gained less than CLASS_MIN_GAIN compiled or one of them measured no faster, the class's other
+    regions are not compiled either (each would cost a lowering to gain as little)."""
 
     def __init__(self):
         self.measured: dict[str, list[tuple[str, RegionTiming]]] = {}
@@ -165,8 +165,8 @@ def fresh_copies(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 def calls_per_sample(device: str, input_bytes: int, call_ms: float) -> int:
     """Calls timed together for one sample. On a CPU as many as take MIN_SAMPLE_MS by `call_ms`, one
-    eager call's time (at most MAX_CPU_CALLS): SD1.5's smallest ResNet block at CPU size runs 0.6 ms,
-    and its compiled/eager ratio, measured twelve times, spread over 0.99-1.12x one call a sample and
+    eager call's time (at most MAX_CPU_CALLS): a diffusers ResNet block of 0.6 ms a call had its
+    compiled/eager ratio, measured twelve times, spread over 0.99-1.12x one call a sample and
     0.98-1.07x eight. On a GPU PIPELINED_CALLS (see time_both), fewer (at least one) where that many
     copies of inputs of `input_bytes` would take more than COPIES_MEMORY_SHARE of its free memory."""
     if device != "cuda":

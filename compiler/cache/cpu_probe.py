@@ -25,8 +25,12 @@ LABEL = "Inductor's CPU instruction-set probe"
 
 
 def probe_fields() -> dict:
-    """The entry's key fields: this process's environment (device, Kiln, torch, Python versions)."""
-    return {"cpu_probe": "vector instruction sets", **environment_fields("cpu"), "label": LABEL}
+    """The entry's key fields: the machine, torch and Python; not Kiln's version, so a Kiln update
+    keeps them (the programs are Inductor's, and an entry that is new here builds them once more, even
+    where Inductor's own cache directory had them)."""
+    environment = environment_fields("cpu")
+    return {"cpu_probe": "vector instruction sets", **{name: environment[name] for name in ("device", "torch", "python")},
+            "label": LABEL}
 
 
 def detect_cpu_vector_isa(store: CacheStore) -> None:

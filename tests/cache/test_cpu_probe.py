@@ -71,6 +71,17 @@ def test_once_a_process_and_not_at_all_when_inductor_probed_already(tmp_path, mo
     assert len(probe.dirs) == 1 and list(_store(other).headers()) == []
 
 
+def test_the_entry_is_keyed_by_the_machine_torch_and_python_not_by_kiln(monkeypatch):
+    from kiln.compiler.cache import key
+
+    before = cpu_probe.probe_fields()
+    assert {"device", "torch", "python"} <= set(before) and "kiln" not in before
+    monkeypatch.setattr(key, "source_hash", lambda: "another Kiln")
+    assert cpu_probe.probe_fields() == before
+    monkeypatch.setattr(key.torch, "__version__", "9.9.9")
+    assert entry_key(cpu_probe.probe_fields()) != entry_key(before)
+
+
 def test_programs_the_entry_lacks_are_built_and_the_entry_replaced(tmp_path, monkeypatch):
     FakeProbe(monkeypatch, programs=FakeProbe.PROGRAMS[:2])
     cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
