@@ -52,7 +52,8 @@ ROUNDS = 5          # interleaved rounds; the median of each side
 PIPELINED_CALLS = 8  # on a GPU, calls issued back to back for one sample (time_both) ...
 COPIES_MEMORY_SHARE = 0.25  # ... fewer where their inputs' copies would take more of the GPU's free memory
 MIN_SAMPLE_MS = 5.0  # on a CPU, a sample is as many calls as take this long by one eager call ...
-MAX_CPU_CALLS = 16   # ... at most this many (one call of a small block is within the noise)
+MAX_CPU_CALLS = 16   # ... at most this many (one call of a small block is within the noise) ...
+CPU_COPIES_BYTES = 256 << 20  # ... and no more than their inputs' copies fit in
 MIN_GAIN = 0.03     # compiled must be at least 3% faster than eager to stay compiled
 PREDICT_AFTER = 2   # regions of one block class measured before its other regions follow them
 CLASS_MIN_GAIN = 0.10  # ... and what those regions must gain together for the class's others to be compiled
@@ -167,10 +168,14 @@ def calls_per_sample(device: str, input_bytes: int, call_ms: float) -> int:
     """Calls timed together for one sample. On a CPU as many as take MIN_SAMPLE_MS by `call_ms`, one
     eager call's time (at most MAX_CPU_CALLS): a diffusers ResNet block of 0.6 ms a call had its
     compiled/eager ratio, measured twelve times, spread over 0.99-1.12x one call a sample and
-    0.98-1.07x eight. On a GPU PIPELINED_CALLS (see time_both), fewer (at least one) where that many
-    copies of inputs of `input_bytes` would take more than COPIES_MEMORY_SHARE of its free memory."""
+    0.98-1.07x eight; no more than CPU_COPIES_BYTES of input copies. On a GPU PIPELINED_CALLS (see
+    time_both), fewer (at least one) where that many copies of inputs of `input_bytes` would take more
+    than COPIES_MEMORY_SHARE of its free memory. Elsewhere one."""
+    if device == "cpu":
+        fit = CPU_COPIES_BYTES // input_bytes if input_bytes else MAX_CPU_CALLS
+        return max(1, min(MAX_CPU_CALLS, fit, math.ceil(MIN_SAMPLE_MS / max(call_ms, 1e-3))))
     if device != "cuda":
-        return max(1, min(MAX_CPU_CALLS, math.ceil(MIN_SAMPLE_MS / max(call_ms, 1e-3))))
+        return 1
     if input_bytes == 0:
         return PIPELINED_CALLS
     return max(1, min(PIPELINED_CALLS, int(_free_gpu_bytes() * COPIES_MEMORY_SHARE) // input_bytes))
@@ -207,7 +212,7 @@ def time_both(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, di
     samples: dict[str, list[float]] = {"compiled": [], "eager": []}
     calls = {"compiled": compiled, "eager": eager}
     size = input_bytes(args, kwargs)
-    count = calls_per_sample(device, size, _warm_up(compiled, eager, args, kwargs) if device != "cuda" else 0.0)
+    count = calls_per_sample(device, size, _warm_up(compiled, eager, args, kwargs) if device == "cpu" else 0.0)
     if device == "cuda" and count < PIPELINED_CALLS:
         log.info("Kiln: a region timed with %d call(s) a sample instead of %d: more copies of its inputs "
                  "(%.0f MiB each) would take over %.0f%% of the GPU's free memory", count, PIPELINED_CALLS,

@@ -33,15 +33,15 @@ def probe_fields() -> dict:
             "label": LABEL}
 
 
-def detect_cpu_vector_isa(store: CacheStore) -> None:
-    """Let Inductor probe the CPU now (once a process), its test programs taken from and kept in
-    `store`. Nothing here stops a compile: an entry that cannot be read or stored only costs the
-    probe its ~6 s, said in the log."""
+def detect_cpu_vector_isa(store: CacheStore, use_stored: bool = True) -> None:
+    """Let Inductor probe the CPU now (once a process), its test programs taken from `store` (unless
+    `use_stored` is False: the cache's refresh mode) and kept there. Nothing here stops a compile: an
+    entry that cannot be read or stored only costs the probe its ~6 s, said in the log."""
     if compat.cpu_vector_isa_detected():
         return
     fields = probe_fields()
     key = entry_key(fields)
-    entry = _read(store, key)
+    entry = _read(store, key) if use_stored else None
     start = time.perf_counter()
     try:
         work = store.work_dir()

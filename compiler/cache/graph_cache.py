@@ -96,7 +96,8 @@ class GraphCache:
         if store is None:
             return self._without_cache(lower, label, key)
         if str(fields.get("device", "")).startswith("cpu"):
-            cpu_probe.detect_cpu_vector_isa(store)  # before Inductor's cache directory becomes the lowering's own
+            # before Inductor's cache directory becomes the lowering's own
+            cpu_probe.detect_cpu_vector_isa(store, use_stored=self.options.mode == "use")
         entry, reason = None, ""
         try:
             if self.options.mode == "use":

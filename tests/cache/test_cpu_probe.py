@@ -11,7 +11,17 @@ import pytest
 from kiln.compiler import compat
 from kiln.compiler.cache import CacheOptions, CacheStore, GraphCache, cpu_probe, entry_key
 
-from .test_graph_cache import FIELDS, FakeLowering
+FIELDS = {"graph": "g1", "inputs": "i1", "options": "{}", "torch": "2.13", "label": "Tiny graph 0"}
+
+
+def fake_lowering():
+    """Writes an Inductor-like graph record into Inductor's current cache directory."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    path = os.path.join(cache_dir(), "fxgraph", "entry")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "w").write("compiled")
+    return (lambda x: x), "inductor"
 
 
 class FakeProbe:
@@ -50,7 +60,7 @@ def test_the_programs_are_built_once_and_a_later_process_builds_none(tmp_path, m
     with caplog.at_level(logging.INFO, logger="kiln"):
         cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
     assert probe.builds == 4 and "stored them in Kiln's cache" in caplog.text
-    assert probe.dirs[0].startswith(os.path.join(str(tmp_path), "work"))  # a folder of Kiln's, not Inductor's own
+    assert probe.dirs[0].startswith(os.path.join(os.path.realpath(tmp_path), "work"))  # Kiln's folder, not Inductor's
     entry = _store(tmp_path).read(entry_key(cpu_probe.probe_fields()))
     assert sorted(entry.files) == sorted(FakeProbe.PROGRAMS)
 
@@ -126,10 +136,18 @@ def test_a_cache_whose_work_folder_cannot_be_made_still_probes(tmp_path, monkeyp
 def test_a_cpu_lowering_probes_first_in_kilns_folder_and_a_cuda_one_never(tmp_path, monkeypatch):
     probe = FakeProbe(monkeypatch)
     cache = GraphCache(CacheOptions(dir=str(tmp_path)))
-    cache.lower(FakeLowering(), dict(FIELDS, graph="g2", device="cuda sm_90 (H100)"))
+    cache.lower(fake_lowering, dict(FIELDS, graph="g2", device="cuda sm_90 (H100)"))
     assert probe.dirs == []
-    cache.lower(FakeLowering(), dict(FIELDS, device="cpu (x86_64)"))
+    cache.lower(fake_lowering, dict(FIELDS, device="cpu (x86_64)"))
     assert len(probe.dirs) == 1 and probe.done
+
+
+def test_refresh_probes_afresh_and_replaces_the_entry(tmp_path, monkeypatch):
+    probe = FakeProbe(monkeypatch)
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    probe.new_process()
+    GraphCache(CacheOptions(dir=str(tmp_path), mode="refresh")).lower(fake_lowering, dict(FIELDS, device="cpu (x86_64)"))
+    assert probe.builds == 8  # nothing stored was written back
 
 
 CHILD = """

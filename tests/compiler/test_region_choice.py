@@ -148,9 +148,12 @@ def test_time_both_gives_each_call_its_own_copies_and_alternates_the_order(monke
 def test_on_a_cpu_a_sample_is_as_many_calls_as_outlast_the_noise(monkeypatch):
     """After one call of each side (the warm-up), sized by its eager call: MIN_SAMPLE_MS of calls a sample,
     at most MAX_CPU_CALLS."""
-    assert region_choice.calls_per_sample("cpu", 1 << 30, call_ms=50.0) == 1
-    assert region_choice.calls_per_sample("cpu", 1 << 30, call_ms=region_choice.MIN_SAMPLE_MS / 4) == 4
-    assert region_choice.calls_per_sample("cpu", 1 << 30, call_ms=0.0) == region_choice.MAX_CPU_CALLS
+    assert region_choice.calls_per_sample("cpu", 1 << 20, call_ms=50.0) == 1
+    assert region_choice.calls_per_sample("cpu", 1 << 20, call_ms=region_choice.MIN_SAMPLE_MS / 4) == 4
+    assert region_choice.calls_per_sample("cpu", 1 << 20, call_ms=0.0) == region_choice.MAX_CPU_CALLS
+    assert region_choice.calls_per_sample("cpu", region_choice.CPU_COPIES_BYTES // 3, call_ms=0.0) == 3  # copies fit
+    assert region_choice.calls_per_sample("cpu", 1 << 40, call_ms=0.0) == 1  # never fewer than one
+    assert region_choice.calls_per_sample("mps", 1 << 20, call_ms=0.0) == 1  # another device: one call, as before
     order = []
     clock = iter(range(0, 10_000, 1))  # each reading 1 ms after the last...
     monkeypatch.setattr(region_choice.time, "perf_counter", lambda: next(clock) / 1e3)
