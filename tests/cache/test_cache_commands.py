@@ -32,6 +32,17 @@ def test_info_names_what_makes_an_entry_unusable_here(tmp_path, capsys):
     assert "NOT usable on this machine: torch: 2.1.0 ->" in capsys.readouterr().out
 
 
+def test_info_weighs_only_the_fields_an_entry_is_keyed_by(tmp_path, capsys):
+    from kiln.compiler.cache import cpu_probe, entry_key
+
+    store = CacheStore(str(tmp_path / "c"), max_bytes=2**30)
+    fields = cpu_probe.probe_fields()  # the CPU probe's programs: not keyed by Kiln's or Triton's version
+    store.write(Entry(key=entry_key(fields), fields=fields, files={"ab/c.so": b"x"}, compile_seconds=6.0))
+    assert main(["cache", "--dir", str(tmp_path / "c"), "info", entry_key(fields)[:8]]) == 0
+    out = capsys.readouterr().out
+    assert "Inductor's CPU instruction-set probe" in out and "usable on this machine" in out and "NOT" not in out
+
+
 def test_clear_export_import(tmp_path, capsys):
     populate(tmp_path / "c")
     bundle = str(tmp_path / "entries.tar")
