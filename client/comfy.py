@@ -300,7 +300,6 @@ def _read_answer(response, path: str, limit: int = MAX_ANSWER_BYTES) -> bytes:
 def _copy_answer(response, file, path: str) -> None:
     """Write an answer's body to `file` as it comes; ServerAnswerError if it is cut short or longer
     than MAX_IMAGE_BYTES (a server cannot fill the disk)."""
-    limit = MAX_IMAGE_BYTES
     copied = 0
     while True:
         try:
@@ -310,8 +309,8 @@ def _copy_answer(response, file, path: str) -> None:
         if not chunk:
             break
         copied += len(chunk)
-        if copied > limit:
-            raise ServerAnswerError(f"the server sent {path} an answer of more than {limit} bytes")
+        if copied > MAX_IMAGE_BYTES:
+            raise ServerAnswerError(f"the server sent {path} an answer of more than {MAX_IMAGE_BYTES} bytes")
         file.write(chunk)
     _check_complete(response, path, copied)
 

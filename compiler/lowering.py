@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..choices import COMPILE_MODES
 from . import compat
-from .shapes import shapes_key
+from .shapes import activation_indices, shapes_key
 
 log = logging.getLogger("kiln")
 
@@ -63,8 +63,7 @@ class CudaGraphsPerShape:
 
     def __init__(self, gm):
         self.gm = gm
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.activations = [i for i, n in enumerate(placeholders) if not compat.is_weight(n)]
+        self.activations = activation_indices(gm)
         self.by_signature: dict[tuple, object] = {}
 
     def __call__(self, *args):

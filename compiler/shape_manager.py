@@ -31,7 +31,7 @@ import torch
 from . import compat
 from .cuda_graph_budget import CudaGraphBudget
 from .shape_policy import LATENT_FACTOR, PinnedShape, ShapePolicy
-from .shapes import shapes_key
+from .shapes import activation_indices, shapes_key
 from .stats import KilnStats, VariantRecord
 
 log = logging.getLogger("kiln")
@@ -55,9 +55,8 @@ class ShapeDispatcher:
     def __init__(self, gm: torch.fx.GraphModule, generic: Callable, lower_static: Optional[Callable],
                  policy: ShapePolicy, stats: KilnStats, graph_index: int, compile_seconds: float, progress=None,
                  compile_pinned: bool = False, cuda_graphs: Optional[CudaGraphBudget] = None):
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self._inputs = [i for i, n in enumerate(placeholders) if not compat.is_weight(n)]
-        self._fakes = [compat.fake_value(n) for n in placeholders]
+        self._inputs = activation_indices(gm)
+        self._fakes = [compat.fake_value(n) for n in gm.graph.nodes if n.op == "placeholder"]
         tensors = [i for i in self._inputs if isinstance(self._fakes[i], torch.Tensor)]
         # the latent: the first 4-D (or 5-D video) activation; its dims are batch, channels, (frames,) H, W
         self._latent = next((i for i in tensors if self._fakes[i].dim() in (4, 5)), None)

@@ -42,6 +42,13 @@ def _tensors(value, depth: int = 2):
             yield from _tensors(item, depth - 1)
 
 
+def activation_indices(gm: torch.fx.GraphModule) -> list[int]:
+    """The positions of a captured graph's inputs that are activations, not weights (TorchDynamo's
+    guards fix the weights; the shape manager and mode fast's recordings key by the activations)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [i for i, n in enumerate(placeholders) if not compat.is_weight(n)]
+
+
 def shapes_key(args, indices) -> tuple:
     """The shape signature of one call of a graph: for each input at `indices` (its activations, not
     its weights, which TorchDynamo's guards fix), a tensor's shape and strides, or the value itself."""

@@ -16,7 +16,7 @@ import time
 
 from .. import compat
 from .key import entry_key, environment_fields
-from .store import CacheEntryError, CacheStore, Entry, error_text, read_files, write_files
+from .store import CacheStore, Entry, error_text, read_files, read_or_refuse, write_files
 from .trust import CacheError
 
 log = logging.getLogger("kiln")
@@ -41,7 +41,9 @@ def detect_cpu_vector_isa(store: CacheStore, use_stored: bool = True) -> None:
         return
     fields = probe_fields()
     key = entry_key(fields)
-    entry = _read(store, key) if use_stored else None
+    entry, reason = read_or_refuse(store, key, "probing the CPU afresh") if use_stored else (None, "")
+    if reason:
+        log.info("Kiln: %s: no stored programs (%s)", LABEL, reason)
     start = time.perf_counter()
     try:
         work = store.work_dir()
@@ -65,16 +67,3 @@ def detect_cpu_vector_isa(store: CacheStore, use_stored: bool = True) -> None:
     except (CacheError, OSError) as exc:
         log.info("Kiln: %s: its test programs were not stored (%s)", LABEL, error_text(exc))
 
-
-def _read(store: CacheStore, key: str):
-    try:
-        return store.read(key)
-    except CacheEntryError as exc:
-        log.warning("Kiln: refused %s; probing the CPU afresh", exc)
-        try:
-            store.remove(key)
-        except OSError:
-            pass
-    except OSError as exc:
-        log.info("Kiln: cannot read the entry of %s (%s)", LABEL, error_text(exc))
-    return None

@@ -23,7 +23,7 @@ from . import cpu_probe
 from . import key as cache_key
 from .options import CacheOptions
 from .entry import KEY_PATTERN
-from .store import CacheEntryError, CacheStore, Entry, error_text, read_files, write_files
+from .store import CacheStore, Entry, error_text, read_files, read_or_refuse, write_files
 from .trust import CacheError
 
 log = logging.getLogger("kiln")
@@ -186,17 +186,9 @@ class GraphCache:
         return compiled, name, CacheEvent(label, "off" if off else "unavailable", "" if off else self.unavailable, key)
 
     def _lookup(self, store: CacheStore, key: str, fields: dict, explain: bool = True) -> tuple[Optional[Entry], str]:
-        try:
-            entry = store.read(key)
-        except CacheEntryError as exc:
-            log.warning("Kiln: refused %s; compiling it again", exc)
-            try:
-                store.remove(key)
-            except OSError:
-                pass  # a read-only directory: the fresh compile's write will say so
-            return None, f"refused: {exc}"
-        except OSError as exc:
-            return None, f"cannot read the entry ({error_text(exc)})"
+        entry, reason = read_or_refuse(store, key, "compiling it again")
+        if reason:
+            return None, reason
         if entry is None:
             if not explain:
                 return None, ""

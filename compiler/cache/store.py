@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import logging
 import os
 import re
 import secrets
@@ -29,6 +30,8 @@ from ..option_text import shorten
 from . import location, trust
 from .entry import (KEY_PATTERN, MAGIC, MAX_HEADER_BYTES, SUFFIX, CacheEntryError, Entry, _LENGTH, decode, encode,
                     read_header)
+
+log = logging.getLogger("kiln")
 
 STALE_TEMP_SECONDS = 3600
 TEMP_PATTERN = re.compile(r"\.kiln-tmp-\d+-[0-9a-f]{8}")
@@ -284,6 +287,22 @@ def write_files(directory: str, files: dict[str, bytes]) -> None:
         path = os.path.join(directory, *name.split("/"))
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         _write_new(path, data)
+
+
+def read_or_refuse(store: CacheStore, key: str, then: str) -> tuple[Optional[Entry], str]:
+    """(entry or None, why none). A damaged, unsigned or foreign entry is refused: said in the log with
+    what happens `then` ("compiling it again"), and removed; a read that fails is said in the reason."""
+    try:
+        return store.read(key), ""
+    except CacheEntryError as exc:
+        log.warning("Kiln: refused %s; %s", exc, then)
+        try:
+            store.remove(key)
+        except OSError:
+            pass  # a read-only directory: the fresh entry's write will say so
+        return None, f"refused: {exc}"
+    except OSError as exc:
+        return None, f"cannot read the entry ({error_text(exc)})"
 
 
 def error_text(exc: Exception) -> str:
