@@ -344,13 +344,18 @@ def test_past_the_bound_the_needs_list_keeps_the_first_entries_which_hold_the_ke
     assert _needs_of(store, dict(FIELDS, graph="C")) == [entry_key(dict(FIELDS, graph="A"))]  # A built k1
 
 
-def test_a_needed_entry_that_cannot_be_read_is_not_handed_on(tmp_path):
+def _entry_b_needing_a(tmp_path):
+    """Entries A (kernels k1, k2) and B (k2, built by A: B needs A), stored by one model:
+    (options, store, A's key, B's key)."""
     options = CacheOptions(dir=str(tmp_path))
     first, built = GraphCache(options), set()
     first.lower(KernelLowering("A", ("k1", "k2"), built), dict(FIELDS, graph="A"))
     first.lower(KernelLowering("B", ("k2",), built), dict(FIELDS, graph="B"))
-    store = CacheStore(str(tmp_path), 2**30)
-    a_key, b_key = entry_key(dict(FIELDS, graph="A")), entry_key(dict(FIELDS, graph="B"))
+    return options, CacheStore(str(tmp_path), 2**30), entry_key(dict(FIELDS, graph="A")), entry_key(dict(FIELDS, graph="B"))
+
+
+def test_a_needed_entry_that_cannot_be_read_is_not_handed_on(tmp_path):
+    options, store, a_key, b_key = _entry_b_needing_a(tmp_path)
     os.remove(store.path(a_key))
     second = GraphCache(options)
     second.lower(KernelLowering("B", ("k2",), set()), dict(FIELDS, graph="B"))  # a hit that needs A, gone
@@ -359,12 +364,7 @@ def test_a_needed_entry_that_cannot_be_read_is_not_handed_on(tmp_path):
 
 
 def test_a_needs_list_too_long_or_naming_a_damaged_entry_still_loads_its_own_entry(tmp_path, caplog):
-    options = CacheOptions(dir=str(tmp_path))
-    first, built = GraphCache(options), set()
-    first.lower(KernelLowering("A", ("k1", "k2"), built), dict(FIELDS, graph="A"))
-    first.lower(KernelLowering("B", ("k2",), built), dict(FIELDS, graph="B"))
-    store = CacheStore(str(tmp_path), 2**30)
-    a_key, b_key = entry_key(dict(FIELDS, graph="A")), entry_key(dict(FIELDS, graph="B"))
+    options, store, a_key, b_key = _entry_b_needing_a(tmp_path)
     with open(store.path(a_key), "r+b") as f:  # A's bytes damaged: its signature no longer holds
         f.seek(-40, os.SEEK_END)
         f.write(b"\0" * 8)
