@@ -73,9 +73,10 @@ class CompiledRegion:
         self.backend = KilnBackend(options, stats, code=self.code, cache=cache, label=f"{label} {region.name}",
                                    region=region.name, cuda_graph_budget=cuda_graph_budget)
         self.backend.progress = progress.for_region(region)
-        # auto: every size of a tensor the block is given is marked dynamic before each call (a block's
-        # inputs are sized by the batch and the resolution in ways it cannot tell apart from its
-        # channels; TorchDynamo keeps the sizes its weights fix static anyway). Everything else follows
+        # auto: every size of a tensor the block is given (in a tuple, list or dict too) is marked
+        # dynamic before each call (a block's inputs are sized by the batch and the resolution in ways
+        # it cannot tell apart from its channels; TorchDynamo keeps the sizes its weights fix static
+        # anyway). Everything else follows
         # TorchDynamo's automatic dynamism, as in a whole-model compile: a Python number the block reads
         # (a norm's eps, the weight of an IPAdapter patch) is a constant in the first graph, for Kiln's
         # passes, and becomes an input of a second graph the first time it changes, never a third
@@ -101,9 +102,8 @@ class CompiledRegion:
     def _run_compiled(self, block: torch.nn.Module, args: tuple, kwargs: dict):
         """One call of `block` through the region's compiled entry, with everything around it."""
         if self.mark_sizes:
-            for value in (*args, *kwargs.values()):
-                if isinstance(value, torch.Tensor):
-                    compat.allow_any_sizes(value)
+            for tensor in tensors_within((*args, *kwargs.values())):
+                compat.allow_any_sizes(tensor)
 
         def call():
             with positions_hidden(args, kwargs) as (given_args, given_kwargs):
@@ -219,6 +219,20 @@ class CompiledRegion:
             stats.fallback = (f"no block region is compiled: {len(failures)} failed{kept} "
                               f"(the last to fail, {name}: {reason})")
             log.error("Kiln: %s -- %s runs eagerly from now on", stats.fallback, self.label)
+
+
+def tensors_within(values, depth: int = 3):
+    """The tensors among `values` and inside the tuples, lists and dicts among them, down to `depth`
+    levels of nesting: a block's inputs as TorchDynamo sees them, which guards on the sizes of a
+    tensor inside a tuple as on any other (diffusers' Flux passes each block its rotary embedding as
+    a (cos, sin) tuple sized by the image and text tokens; ComfyUI's transformer_options hold tensors)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif depth and isinstance(value, (tuple, list)):
+            yield from tensors_within(value, depth - 1)
+        elif depth and isinstance(value, dict):
+            yield from tensors_within(value.values(), depth - 1)
 
 
 # ComfyUI's transformer_options: the keys that say where a block sits, each with the neutral value a

@@ -86,6 +86,47 @@ def test_a_new_batch_or_resolution_compiles_nothing():
     assert info.compile_count == 2 and not info.recompiles, info.summary()
 
 
+class RotaryBlock(torch.nn.Module):
+    """Takes what diffusers' Flux blocks take besides the tokens: a (cos, sin) tuple sized by the
+    tokens, and a dict holding a tensor sized by the batch."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.fc = torch.nn.Linear(dim, dim)
+
+    def forward(self, x, rotary, options):
+        cos, sin = rotary
+        return x + self.fc(x * cos + x.flip(-1) * sin) * options["scale"][:, None, None]
+
+
+class RotaryNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 16)
+        self.blocks = torch.nn.ModuleList(RotaryBlock() for _ in range(3))
+
+    def forward(self, image):
+        x = self.embed(image.flatten(2).transpose(1, 2))
+        tokens = torch.arange(x.shape[1], dtype=x.dtype)[:, None] / 7 + torch.arange(16, dtype=x.dtype)
+        rotary, options = (tokens.cos(), tokens.sin()), {"scale": torch.linspace(0.5, 1.5, x.shape[0])}
+        for block in self.blocks:
+            x = block(x, rotary, options)
+        return x
+
+
+def test_a_new_size_compiles_nothing_when_blocks_take_tensors_in_a_tuple_or_dict():
+    torch.manual_seed(0)
+    module = RotaryNet().eval()
+    compiled = _compile(module, mode="fast")
+    with torch.no_grad():
+        compiled(torch.randn(2, 8, 3, 5))
+        for shape in ((3, 8, 3, 5), (2, 8, 6, 4), (4, 8, 8, 8)):
+            x = torch.randn(*shape)
+            assert rel_err(compiled(x), module(x)) < 1e-6
+    info = kiln.stats(compiled)
+    assert info.compile_count == 1 and not info.recompiles, info.summary()
+
+
 def test_progress_counts_regions_done():
     seen = []
     compiled = _compile(_net(), mode="fast", progress=lambda what, done, total: seen.append((what, done, total)))
