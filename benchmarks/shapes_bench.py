@@ -4,7 +4,9 @@ ComfyUI users change batch size and resolution between prompts. This runs one se
 shapes (batch 1 -> 2 -> 4 with CFG, then two more resolutions, one of them not a multiple of
 the UNet's downsampling factor) through each variant and reports, per step of the sequence:
 the time to the first result at that shape, how many graphs were compiled for it, and the
-steady time per step once compiled. Compile time is first result minus steady step.
+steady time per step once compiled. Compile time is first result minus steady step. Models:
+SD1.5's and SDXL's UNets, and Flux's transformer, which takes the sequence as its packed latent
+(sides halved: one token per 2x2 latent pixels).
 
 Targets (issue 3): after the first compile, a new batch costs no compile at all, and a new
 resolution costs under a tenth of the first compile.
@@ -36,7 +38,15 @@ SEQUENCES = {
 }
 
 
-SHAPE_MODELS = ("sd15", "sdxl")  # UNets: latent height and width set apart
+SHAPE_MODELS = ("sd15", "sdxl", "flux")  # latent height and width set apart
+
+
+def sequence_for(model: str, size: str) -> list[tuple[int, int, int]]:
+    """SEQUENCES[size] as `model` takes its latent: Flux packs 2x2 latent pixels into one token, so
+    its side is half the UNet latent's for the same image."""
+    if model == "flux":
+        return [(batch, max(h // 2, 1), max(w // 2, 1)) for batch, h, w in SEQUENCES[size]]
+    return SEQUENCES[size]
 
 
 @dataclass
@@ -150,7 +160,7 @@ def _measure(name: str, module, sequence, inputs, references, device: str, repea
 def _measure_in_process(names, model, size, device, dtype, repeats, log) -> list[Run]:
     spec = MODELS[model]
     module = spec.build(size, dtype=DTYPES[dtype], device=device)
-    sequence = SEQUENCES[size]
+    sequence = sequence_for(model, size)
     with torch.inference_mode():
         inputs = [spec.inputs(module, batch, device=device, dtype=DTYPES[dtype], latent=(h, w), seed=i)
                   for i, (batch, h, w) in enumerate(sequence)]
@@ -192,7 +202,7 @@ def run_shapes_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu"
     (what a user's first compile costs); without, all share this process (quicker, for tests)."""
     if model not in SHAPE_MODELS:
         raise ValueError(f"kiln bench --shapes runs {', '.join(SHAPE_MODELS)}; {model!r} has no shape sequence yet")
-    sequence = SEQUENCES[size]
+    sequence = sequence_for(model, size)
     log(f"kiln bench --shapes: {MODELS[model].description}, {size} size, {device} {dtype}; sequence {sequence}")
     names = variant_names(modes, baselines)
     if isolate:

@@ -99,13 +99,14 @@ def _sd3_inputs(module, batch: int, device, dtype, latent: int = 0, context_len:
     }
 
 
-def _flux_inputs(module, batch: int, device, dtype, latent: int = 0, context_len: int = 0):
+def _flux_inputs(module, batch: int, device, dtype, latent=0, context_len: int = 0):
+    """`latent`: the packed (2x2) latent's side or (height, width); 0: 64 at full size (1024 px), else 8."""
     cfg = module.config
-    side = latent or {16: 8, 64: 64}.get(cfg.in_channels, 8)  # packed 2x2 latent side (1024 px -> 64)
+    height, width = _latent_hw(latent, {16: 8, 64: 64}.get(cfg.in_channels, 8))
     context_len = context_len or (512 if cfg.in_channels == 64 else 7)
-    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(side).float(), torch.arange(side).float(), indexing="ij"), -1)
+    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(height).float(), torch.arange(width).float(), indexing="ij"), -1)
     kwargs = {
-        "hidden_states": torch.randn(batch, side * side, cfg.in_channels, device=device, dtype=dtype),
+        "hidden_states": torch.randn(batch, height * width, cfg.in_channels, device=device, dtype=dtype),
         "encoder_hidden_states": torch.randn(batch, context_len, cfg.joint_attention_dim, device=device, dtype=dtype),
         "pooled_projections": torch.randn(batch, cfg.pooled_projection_dim, device=device, dtype=dtype),
         "timestep": torch.full((batch,), 0.5, device=device, dtype=dtype),

@@ -60,3 +60,12 @@ def test_a_pinned_variant_pins_the_first_shape_of_the_sequence():
     options = shapes_bench._kiln_options("kiln balanced+pin", (2, 32, 40))
     assert options.mode == "balanced" and [str(p) for p in options.shapes.pin] == ["320x256:2"]
     assert shapes_bench._kiln_options("kiln max", (2, 32, 40)).shapes.pin == ()
+
+
+def test_flux_takes_the_sequence_as_its_packed_latent_and_a_new_size_compiles_nothing():
+    result = shapes_bench.run_shapes_bench("flux", "tiny", modes=["fast"], repeats=1, baselines=False, log=lambda m: None)
+    assert result["sequence"] == [[2, 4, 4], [4, 4, 4], [8, 4, 4], [4, 4, 6], [4, 3, 4], [2, 4, 4]]
+    (run,) = result["runs"]
+    assert run["error"] is None and all(s["max_rel_err"] < 1e-4 for s in run["steps"])
+    # Flux's blocks take their rotary embedding as a (cos, sin) tuple sized by the tokens: marked too
+    assert run["steps"][0]["new_graphs"] >= 1 and [s["new_graphs"] for s in run["steps"][1:]] == [0, 0, 0, 0, 0]
