@@ -76,10 +76,11 @@ class CompiledRegion:
         # auto: every size of a tensor the block is given (in a tuple, list or dict too) is marked
         # dynamic before each call (a block's inputs are sized by the batch and the resolution in ways
         # it cannot tell apart from its channels; TorchDynamo keeps the sizes its weights fix static
-        # anyway). Everything else follows
-        # TorchDynamo's automatic dynamism, as in a whole-model compile: a Python number the block reads
-        # (a norm's eps, the weight of an IPAdapter patch) is a constant in the first graph, for Kiln's
-        # passes, and becomes an input of a second graph the first time it changes, never a third
+        # anyway).
+        # Everything else follows TorchDynamo's automatic dynamism, as in a whole-model compile: a
+        # Python number the block reads (a norm's eps, the weight of an IPAdapter patch) is a constant
+        # in the first graph, for Kiln's passes, and becomes an input of a second graph the first
+        # time it changes, never a third
         self.mark_sizes = options.dynamic is None
         self.compiled = torch.compile(entry, backend=self.backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
 
@@ -106,6 +107,8 @@ class CompiledRegion:
                 compat.allow_any_sizes(tensor)
 
         def call():
+            if not any(isinstance(v, dict) and "block" in v for v in (*args, *kwargs.values())):
+                return self.compiled(block, *args, **kwargs)  # no position to hide: the common case, kept short
             with positions_hidden(args, kwargs) as (given_args, given_kwargs):
                 return self.compiled(block, *given_args, **given_kwargs)
 

@@ -66,7 +66,7 @@ def contiguous_inputs(args, kwargs):
     def fix(value):
         if not isinstance(value, torch.Tensor):
             return value
-        if not _dense(value):
+        if not (value.is_contiguous() or _dense(value)):
             return value.contiguous()
         return value.detach() if compat.is_view(value) else value
 

@@ -127,6 +127,50 @@ def test_a_new_size_compiles_nothing_when_blocks_take_tensors_in_a_tuple_or_dict
     assert info.compile_count == 1 and not info.recompiles, info.summary()
 
 
+class WeightedBlock(torch.nn.Module):
+    """Reads a Python number from an object it is given, as ComfyUI blocks read an IPAdapter patch's weight."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.fc = torch.nn.Linear(dim, dim)
+
+    def forward(self, x, patch):
+        return x + self.fc(x) * patch.weight
+
+
+class WeightedNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 16)
+        self.blocks = torch.nn.ModuleList(WeightedBlock() for _ in range(3))
+        self.patch = type("Patch", (), {"weight": 1.0})()
+
+    def forward(self, image):
+        x = self.embed(image.flatten(2).transpose(1, 2))
+        for block in self.blocks:
+            x = block(x, self.patch)
+        return x
+
+
+def test_a_number_that_changes_at_a_size_already_run_costs_one_graph_and_later_sizes_none():
+    """The number's change compiles one more graph, from a call at a size the first graph served; that
+    graph is dynamic in every size too (each call's sizes are marked), so later sizes compile nothing."""
+    torch.manual_seed(0)
+    module = WeightedNet().eval()
+    compiled = _compile(module, mode="fast")
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(torch.randn(2, 8, 3, 5))
+        module.patch.weight = 0.5  # what a new IPAdapter weight does: TorchDynamo makes it an input
+        compiled(torch.randn(2, 8, 3, 5))
+        for shape in ((3, 8, 3, 5), (2, 8, 6, 4)):
+            x = torch.randn(*shape)
+            assert rel_err(compiled(x), module(x)) < 1e-6
+    info = kiln.stats(compiled)
+    assert info.compile_count == 2 and len(info.recompiles) == 1 and info.fallback is None, info.summary()
+    assert "weight" in info.compiles[1].reason
+
+
 def test_progress_counts_regions_done():
     seen = []
     compiled = _compile(_net(), mode="fast", progress=lambda what, done, total: seen.append((what, done, total)))
