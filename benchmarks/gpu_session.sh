@@ -5,18 +5,21 @@
 #   bash benchmarks/gpu_session.sh tests [PATH...]       # GPU-only tests + kernel tests on CUDA, a pytest per file
 #   bash benchmarks/gpu_session.sh kernels               # kernel microbenchmarks at real shapes
 #   bash benchmarks/gpu_session.sh suite CASE[,CASE] [VARIANT,...]  # the GPU suite, some cases (all variants)
-#   bash benchmarks/gpu_session.sh shapes auto|dynamic|kiln   # kiln bench --shapes at SDXL size, one variant
+#   bash benchmarks/gpu_session.sh shapes auto|dynamic|kiln [sdxl|flux]  # kiln bench --shapes at full size, one variant
 #   bash benchmarks/gpu_session.sh cache                 # kiln bench --cache at SDXL size: restart cost, cold vs warm
 #   bash benchmarks/gpu_session.sh host CASE [VARIANT,...]   # where a step's host time goes: launches, syncs, cProfile
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln | cache | host CASE [VARIANT,...]"
+usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | host CASE [VARIANT,...]"
 part="${1:-}"
 case "$part ${2:-}" in
     tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|host\ ?*) ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
+if [ "$part" = shapes ]; then  # the model: SDXL unless named
+    case "${3:-}" in ""|sdxl|flux) ;; *) echo "$usage" >&2; exit 2 ;; esac
+fi
 if [ "$part" = host ]; then  # a case name (it names the output file): letters, digits and dashes
     [[ "$2" =~ ^[a-z0-9-]+$ ]] || { echo "$usage" >&2; exit 2; }
 fi
@@ -74,8 +77,9 @@ case "$part" in
     shapes)
         variant="$2"
         if [ "$variant" = kiln ]; then args=(--modes balanced --baselines none); else args=(--modes "" --baselines "$variant"); fi
-        python3 -m kiln.cli bench --shapes --device cuda --model sdxl "${args[@]}" \
-            --json "$out/shapes-sdxl-$variant.json" 2>&1 | tee "$out/shapes-sdxl-$variant.log" ;;
+        model="${3:-sdxl}"
+        python3 -m kiln.cli bench --shapes --device cuda --model "$model" "${args[@]}" \
+            --json "$out/shapes-$model-$variant.json" 2>&1 | tee "$out/shapes-$model-$variant.log" ;;
     host)  # wall, host and GPU busy time per step, launches and synchronisations, the host functions that cost most
         variants=(); if [ -n "${3:-}" ]; then variants=(--variants "$3"); fi
         python3 -m kiln.benchmarks.host_profile --case "$2" ${variants[@]+"${variants[@]}"} --out "$out" 2>&1 \

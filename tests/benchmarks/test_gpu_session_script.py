@@ -13,7 +13,7 @@ def test_script_parses():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
 
 
-@pytest.mark.parametrize("args", [[], ["bogus"], ["suite"], ["shapes", "sideways"], ["tests", "extra"],
+@pytest.mark.parametrize("args", [[], ["bogus"], ["suite"], ["shapes", "sideways"], ["shapes", "kiln", "sd99"], ["tests", "extra"],
                                   ["tests", "tests/no_such_test.py"], ["tests", "/etc/passwd"],
                                   ["tests", "tests/../README.md"], ["host"],
                                   ["host", "../../tmp/x"], ["host", "sd15 512"]])
