@@ -48,7 +48,7 @@ from .cache import GraphCache, choice_fields
 from .cuda_graph_budget import CudaGraphBudget
 from .options import CompileOptions
 from .passes import Progress
-from .shapes import contiguous_inputs
+from .shapes import contiguous_inputs, tensors_in
 from .stats import KilnStats
 
 log = logging.getLogger("kiln")
@@ -103,11 +103,14 @@ class CompiledRegion:
     def _run_compiled(self, block: torch.nn.Module, args: tuple, kwargs: dict):
         """One call of `block` through the region's compiled entry, with everything around it."""
         if self.mark_sizes:
-            for tensor in tensors_within((*args, *kwargs.values())):
-                compat.allow_any_sizes(tensor)
+            # a tensor inside a tuple, list or dict too: TorchDynamo guards on its sizes as on any other
+            # (diffusers' Flux passes each block its rotary embedding as a (cos, sin) tuple sized by the tokens)
+            for value in (*args, *kwargs.values()):
+                for tensor in tensors_in(value, depth=3):
+                    compat.allow_any_sizes(tensor)
 
         def call():
-            if not any(isinstance(v, dict) and "block" in v for v in (*args, *kwargs.values())):
+            if not any(_carries_position(v) for v in (*args, *kwargs.values())):
                 return self.compiled(block, *args, **kwargs)  # no position to hide: the common case, kept short
             with positions_hidden(args, kwargs) as (given_args, given_kwargs):
                 return self.compiled(block, *given_args, **given_kwargs)
@@ -128,7 +131,7 @@ class CompiledRegion:
         device = self._may_measure(args, kwargs)
         if device is None or self.fallback is not None:
             return
-        patched = any(isinstance(v, dict) and "block" in v and _patches_read_position(v)
+        patched = any(_carries_position(v) and _patches_read_position(v)
                       for v in (*args, *kwargs.values()))
         why_not = region_choice.why_not_measured(block, patched)
         if why_not:
@@ -224,20 +227,6 @@ class CompiledRegion:
             log.error("Kiln: %s -- %s runs eagerly from now on", stats.fallback, self.label)
 
 
-def tensors_within(values, depth: int = 3):
-    """The tensors among `values` and inside the tuples, lists and dicts among them, down to `depth`
-    levels of nesting: a block's inputs as TorchDynamo sees them, which guards on the sizes of a
-    tensor inside a tuple as on any other (diffusers' Flux passes each block its rotary embedding as
-    a (cos, sin) tuple sized by the image and text tokens; ComfyUI's transformer_options hold tensors)."""
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif depth and isinstance(value, (tuple, list)):
-            yield from tensors_within(value, depth - 1)
-        elif depth and isinstance(value, dict):
-            yield from tensors_within(value.values(), depth - 1)
-
-
 # ComfyUI's transformer_options: the keys that say where a block sits, each with the neutral value a
 # block sees when no patch is installed; the keys a block writes for patches to read (its input's
 # shape); the keys that hold patches. Without a patch nothing reads the first two kinds.
@@ -257,7 +246,7 @@ def positions_hidden(args, kwargs):
     swapped = []
 
     def hide(value):
-        if not (isinstance(value, dict) and "block" in value) or _patches_read_position(value):
+        if not _carries_position(value) or _patches_read_position(value):
             return value
         copy = {key: item for key, item in value.items() if key not in SCRATCH_KEYS}
         copy.update(POSITION_KEYS)
@@ -270,6 +259,11 @@ def positions_hidden(args, kwargs):
         for key, item in copy.items():
             if key not in POSITION_KEYS and key not in SCRATCH_KEYS and (key not in given or given[key] is not item):
                 original[key] = item
+
+
+def _carries_position(value) -> bool:
+    """A ComfyUI transformer_options dict: one that says where the block sits."""
+    return isinstance(value, dict) and "block" in value
 
 
 def _patches_read_position(options: dict) -> bool:

@@ -29,17 +29,18 @@ import torch
 from . import compat
 
 
-def _tensors(value, depth: int = 2):
-    """Tensors in an argument: itself, or inside dicts/lists/tuples up to two levels (added_cond_kwargs,
-    ComfyUI's control dict of residual lists)."""
+def tensors_in(value, depth: int = 2):
+    """Tensors in an argument: itself, or inside dicts/lists/tuples up to `depth` levels (a model's
+    added_cond_kwargs and ComfyUI's control dict of residual lists: two; a block's rotary (cos, sin)
+    tuple, ComfyUI's transformer_options). The bound also ends a container that holds itself."""
     if isinstance(value, torch.Tensor):
         yield value
     elif depth and isinstance(value, dict):
         for item in value.values():
-            yield from _tensors(item, depth - 1)
+            yield from tensors_in(item, depth - 1)
     elif depth and isinstance(value, (list, tuple)):
         for item in value:
-            yield from _tensors(item, depth - 1)
+            yield from tensors_in(item, depth - 1)
 
 
 def activation_indices(gm: torch.fx.GraphModule) -> list[int]:
@@ -98,7 +99,7 @@ def mark_batch_and_resolution_dynamic(args, kwargs) -> None:
     (that of the first tensor argument) gets a dynamic first dimension; the latent (the first 4-D or
     5-D input) and every other 4-D or 5-D input of its batch or of a batch of 1 (ControlNet residuals,
     a hint image) a dynamic height and width."""
-    inputs = [t for v in (*args, *kwargs.values()) for t in _tensors(v)]
+    inputs = [t for v in (*args, *kwargs.values()) for t in tensors_in(v)]
     latent = next((t for t in inputs if t.dim() in (4, 5)), None)
     if latent is not None:
         for tensor in inputs:

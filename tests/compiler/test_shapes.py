@@ -169,3 +169,19 @@ def test_slices_are_made_dense_and_dense_layouts_are_kept():
     view = torch.nn.functional.linear(torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5))  # a 3-D Linear: a view
     (d,), _ = contiguous_inputs((view,), {})
     assert view._is_view() and not d._is_view() and d.data_ptr() == view.data_ptr()  # the same memory, no base
+
+
+def test_tensors_in_walks_containers_to_a_bound_even_one_that_holds_itself():
+    """A block's arguments come from a workflow's nodes: a dict that holds itself or nesting without
+    end must not hang or exhaust the stack; tensors deeper than the bound are not marked."""
+    from kiln.compiler.shapes import tensors_in
+
+    a, b, deep = torch.zeros(1), torch.zeros(2), torch.zeros(3)
+    options = {"rotary": (a, b), "deeper": ([deep],)}  # a and b three containers in, deep four
+    options["self"] = options
+    nested = deep
+    for _ in range(10_000):
+        nested = [nested]
+    found = list(tensors_in({"options": options, "nested": nested}, depth=3))
+    assert any(t is a for t in found) and any(t is b for t in found) and not any(t is deep for t in found)
+    assert len(found) == 2  # the dict that holds itself is walked to the bound, not for ever
