@@ -36,6 +36,8 @@ class Lowering:
             if cuda_graphs:
                 return CudaGraphsPerShape(gm), "fx + cudagraphs"
             return gm.forward, "fx"
+        if device == "cpu":
+            probe_cpu_once()
         config = compat.inductor_mode_options(self.inductor_preset) if self.inductor_preset else {}
         config["triton.cudagraphs"] = cuda_graphs
         config.update(options.inductor)
@@ -43,6 +45,17 @@ class Lowering:
             compiled = compat.lookup_backend("inductor")(gm, example_inputs)
         name = "inductor" + (f" {self.inductor_preset}" if self.inductor_preset else "") + (" + cudagraphs" if cuda_graphs else "")
         return compiled, name
+
+
+def probe_cpu_once() -> None:
+    """Before a process's first CPU lowering, let Inductor probe the CPU's vector instruction sets
+    the faster way (compat.detect_cpu_vector_isa: the sets in parallel), saying how long it took."""
+    if compat.cpu_vector_isa_detected():
+        return
+    start = time.perf_counter()
+    compat.detect_cpu_vector_isa()
+    log.info("Kiln: Inductor probed the CPU's vector instruction sets in %.1fs (once a process; "
+             "the sets checked in parallel)", time.perf_counter() - start)
 
 
 class LoweringFailed(RuntimeError):

@@ -1,8 +1,9 @@
 """Inductor's probe of the CPU's vector instruction sets, kept in Kiln's cache.
 
 Before its first CPU kernel in a process, Inductor builds a test program per vector instruction set
-the CPU reports (AVX-512 VNNI, AVX-512, AVX2: about 6 s on a 2-core CPU) into its cache directory,
-loads each in a child process and keeps the answer for the process. A process that starts with an
+the CPU reports (AMX, AVX-512 VNNI, AVX-512, AVX2: 6-12 s on a 2-core CPU one after another, 6 s
+side by side as Kiln runs them, compat.detect_cpu_vector_isa) into its cache directory, loads each
+in a child process and keeps the answer for the process. A process that starts with an
 empty Inductor cache directory (after a reboot, a cleaned /tmp, in a fresh container) builds them
 all again: most of a warm start from Kiln's cache. So Kiln runs the probe in a folder of its own,
 keeps the programs as a signed entry, and in a later process writes them back there first: Inductor

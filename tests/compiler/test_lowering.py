@@ -2,10 +2,17 @@
 one CUDA graph per input shape signature (torch's `cudagraphs` backend alone records the first
 shapes and fails at the first new size, seen on an H200); the recordings themselves need a GPU
 (tests/gpu), the bookkeeping is checked here with torch's backend replaced by a stand-in."""
+import os
+import subprocess
+import sys
+import threading
+import time
+
 import pytest
 import torch
 import torch._inductor.config as inductor_config
 
+from kiln import CompileOptions
 from kiln.compiler import compat, lowering
 
 
@@ -115,3 +122,79 @@ def test_fast_mode_lowers_to_the_per_signature_recorder_only_with_cuda_graphs_on
     assert isinstance(lowered, lowering.CudaGraphsPerShape) and name == "fx + cudagraphs"
     lowered, name = fast.lower(gm, [torch.ones(2, 3), 1], CompileOptions(mode="fast", cuda_graphs=True), "cpu")
     assert name == "fx" and lowered(torch.ones(2, 3), 1) == 13
+
+
+class _VectorSet:
+    """Stands in for one of Inductor's vector instruction sets: its check (`bool`) takes a while and
+    records in which thread it ran and how many checks of its `checks` ran at once."""
+
+    def __init__(self, name, checks):
+        self.name, self.checks, self.thread = name, checks, None
+
+    def __str__(self):
+        return self.name
+
+    def __bool__(self):
+        with self.checks["lock"]:
+            self.checks["running"] += 1
+            self.checks["most_at_once"] = max(self.checks["most_at_once"], self.checks["running"])
+        self.thread = threading.current_thread().name
+        time.sleep(0.2)
+        with self.checks["lock"]:
+            self.checks["running"] -= 1
+        return True
+
+
+def test_the_cpu_probe_checks_each_reported_set_in_a_thread_of_its_own_then_asks_inductor(monkeypatch):
+    from torch._inductor import cpu_vec_isa
+
+    checks = {"lock": threading.Lock(), "running": 0, "most_at_once": 0}
+    sets = [_VectorSet(name, checks) for name in ("avx512 avx512_vnni amx_tile", "avx512", "avx2", "asimd")]
+    asked = []
+    monkeypatch.setattr(compat.sys, "platform", "linux")
+    monkeypatch.setattr(compat.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(cpu_vec_isa, "supported_vec_isa_list", sets)
+    monkeypatch.setattr(cpu_vec_isa, "x86_isa_checker", lambda: ["avx2", "avx512", "avx512_vnni", "amx_tile"])
+    monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", lambda: asked.append([s.thread for s in sets]))
+    compat.detect_cpu_vector_isa()
+    checked = asked[0][:3]
+    assert all(name.startswith("kiln-cpu-probe") for name in checked) and len(set(checked)) == 3
+    assert asked[0][3] is None                  # a set the CPU does not report is left to Inductor
+    assert checks["most_at_once"] == 3          # side by side, not one after another
+
+
+def test_a_cpu_lowering_probes_once_a_process_and_a_cuda_one_never(monkeypatch):
+    probes = []
+    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: bool(probes))
+    monkeypatch.setattr(compat, "detect_cpu_vector_isa", lambda: probes.append(1))
+    monkeypatch.setattr(compat, "lookup_backend", lambda name: lambda gm, args: gm.forward)
+    balanced = lowering.LOWERINGS["balanced"]
+    options = CompileOptions()
+    balanced.lower(_graph(), [torch.ones(2)], options, "cuda")
+    assert probes == []
+    balanced.lower(_graph(), [torch.ones(2)], options, "cpu")
+    balanced.lower(_graph(), [torch.ones(2)], options, "cpu")
+    assert probes == [1]
+
+
+PROBE_CHILD = """
+import sys
+from torch._inductor import cpu_vec_isa
+if sys.argv[1] == "kiln":
+    from kiln.compiler import compat
+    compat.detect_cpu_vector_isa()
+print([str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()], str(cpu_vec_isa.pick_vec_isa()))
+"""
+
+
+@pytest.mark.slow
+def test_the_parallel_probe_finds_what_inductors_own_finds(tmp_path):
+    """The real probe, each way in a fresh process with an empty Inductor cache directory (about 20 s
+    together on a 2-core CPU): the same instruction sets, and the same one picked."""
+    answers = {}
+    for way in ("inductor", "kiln"):
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / way))
+        done = subprocess.run([sys.executable, "-c", PROBE_CHILD, way], env=env, capture_output=True, text=True,
+                              check=True)
+        answers[way] = done.stdout.strip().splitlines()[-1]
+    assert answers["kiln"] == answers["inductor"] and "[]" not in answers["kiln"]
