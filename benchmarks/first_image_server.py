@@ -2,7 +2,7 @@
 server of its own started cold:
 
     python -m kiln.benchmarks.first_image_server --comfyui PATH --checkpoint FILE \\
-        [--python PATH] [--steps 8] [--size 256] [--variants eager,kiln,...] [--json PATH]
+        [--python PATH] [--steps 8] [--size 256] [--variants eager,kiln,...] [--earlier TREE] [--json PATH]
 
 Every variant gets a fresh server (its own base directory, port and empty Inductor cache: nothing one
 variant compiled serves another; Kiln's cache is not used), which runs the example workflow
@@ -14,12 +14,15 @@ second's what each later image costs; and the image's PSNR against the eager var
 Variants (VARIANTS): eager (no compile node), kiln (Compile UNet as shipped: by blocks, each region
 kept compiled only where it measures faster), kiln-all-regions (every region compiled:
 `measure_regions: false`), kiln-whole (`compile_unit: whole`, the whole-model compile Kiln did before
-compiling by blocks), core (ComfyUI's TorchCompileModel, where the server has it).
+compiling by blocks), core (ComfyUI's TorchCompileModel, where the server has it). `--earlier TREE`
+adds the kiln variant once more with Kiln from an earlier checkout (e.g. `git worktree add TREE <commit>`),
+so that a change is measured against the Kiln before it in one run.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +30,7 @@ from typing import Callable
 
 from ..client.comfy import ComfyClient, output_images
 from ..client.workflow import KILN_COMPILE_NODES, without_nodes
-from ..testing.comfy_server import comfy_server, make_base_dir
+from ..testing.comfy_server import REPO, comfy_server, make_base_dir
 from ..testing.load_run import psnr, read_png_file
 from .step_cache_server import execution_seconds
 
@@ -69,10 +72,12 @@ def prompt(variant: str, steps: int, size: int, seed: int) -> dict:
 
 
 def run_variant(variant: str, comfyui: Path, checkpoint: Path, python: str, port: int, steps: int, size: int,
-                folder: Path, log=print) -> dict:
-    """One variant in a fresh server: the server's seconds per prompt and the image files."""
-    base = folder / variant
-    make_base_dir(base, {"checkpoints": {CHECKPOINT_NAME: checkpoint}})
+                folder: Path, log=print, pack: Path = REPO, name: str = "") -> dict:
+    """One variant in a fresh server, with Kiln from this tree or the tree `pack` (the row then named
+    `name`): the server's seconds per prompt and the image files."""
+    variant_name = name or variant
+    base = folder / variant_name
+    make_base_dir(base, {"checkpoints": {CHECKPOINT_NAME: checkpoint}}, pack)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(base / "inductor-cache"), "KILN_CACHE_DIR": str(base / "kiln-cache")}
     with comfy_server(comfyui, base, port, python, env) as (url, object_info):
         if variant in NEEDS and NEEDS[variant] not in object_info:
@@ -85,14 +90,24 @@ def run_variant(variant: str, comfyui: Path, checkpoint: Path, python: str, port
             (image,) = output_images(record)
             images.append(str(client.download(image, base)))
             seconds.append(execution_seconds(record))
-            log(f"  {variant}: seed {seed}: {seconds[-1]:.1f} s")
-    return {"variant": variant, "first_image_s": seconds[0], "next_image_s": seconds[1], "images": images}
+            log(f"  {variant_name}: seed {seed}: {seconds[-1]:.1f} s")
+    return {"variant": variant_name, "first_image_s": seconds[0], "next_image_s": seconds[1], "images": images}
+
+
+def earlier_name(tree: Path) -> str:
+    """The row name of the kiln variant run from an earlier Kiln tree: kiln@<its commit>, or kiln@<folder>
+    where it is not a git checkout."""
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"kiln@{done.stdout.strip() if done.returncode == 0 else tree.name}"
 
 
 def run(comfyui: Path, checkpoint: Path, python: str, variants: list[str], steps: int = 8, size: int = 256,
-        port: int = 8195, folder: Path | None = None, log=print) -> dict:
+        port: int = 8195, folder: Path | None = None, log=print, earlier: Path | None = None) -> dict:
     folder = Path(folder or tempfile.mkdtemp(prefix="kiln-first-image-"))
     rows = [run_variant(v, comfyui, checkpoint, python, port, steps, size, folder, log) for v in variants]
+    if earlier is not None:
+        rows.append(run_variant("kiln", comfyui, checkpoint, python, port, steps, size, folder, log, pack=earlier,
+                                name=earlier_name(earlier)))
     reference = next((r for r in rows if r["variant"] == "eager" and "images" in r), None)
     for row in rows:
         if "images" in row and reference is not None:
@@ -124,6 +139,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--size", type=int, default=256, help="image width and height in pixels")
     parser.add_argument("--port", type=int, default=8195)
+    parser.add_argument("--earlier", type=Path, metavar="TREE",
+                        help="a checkout of an earlier Kiln: its Compile UNet runs the kiln variant once more, last, "
+                             "in a server of its own (the row kiln@<its commit>)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
@@ -134,10 +152,12 @@ def main(argv=None) -> int:
         parser.error(f"--comfyui {args.comfyui}: no ComfyUI tree there (no main.py)")
     if not args.checkpoint.is_file():
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
+    if args.earlier is not None and not (args.earlier / "nodes").is_dir():
+        parser.error(f"--earlier {args.earlier}: no Kiln tree there (no nodes/ folder)")
     if args.steps < 1 or args.size < 64 or args.size % 8:
         parser.error("--steps must be at least 1 and --size a multiple of 8 of at least 64")
     result = run(args.comfyui, args.checkpoint, args.python, variants, args.steps, args.size, args.port,
-                 log=lambda msg: print(msg, flush=True))
+                 log=lambda msg: print(msg, flush=True), earlier=args.earlier)
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:

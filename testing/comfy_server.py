@@ -19,11 +19,11 @@ from typing import Iterator, Mapping, Optional
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_base_dir(base: Path, models: Mapping[str, Mapping[str, Path]]) -> None:
-    """`base` as a ComfyUI base directory: Kiln as the custom node pack comfyui-kiln, and
-    models/<folder>/<name> linked to each file in `models` ({folder: {name: file}})."""
+def make_base_dir(base: Path, models: Mapping[str, Mapping[str, Path]], pack: Path = REPO) -> None:
+    """`base` as a ComfyUI base directory: Kiln (this tree, or the Kiln tree `pack`) as the custom node
+    pack comfyui-kiln, and models/<folder>/<name> linked to each file in `models` ({folder: {name: file}})."""
     (base / "custom_nodes").mkdir(parents=True, exist_ok=True)
-    (base / "custom_nodes" / "comfyui-kiln").symlink_to(REPO, target_is_directory=True)
+    (base / "custom_nodes" / "comfyui-kiln").symlink_to(Path(pack).resolve(), target_is_directory=True)
     (base / "input").mkdir(exist_ok=True)
     for folder, files in models.items():
         for name, target in files.items():

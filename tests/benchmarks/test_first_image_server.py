@@ -1,6 +1,7 @@
 """benchmarks/first_image_server.py without a server: the prompts each variant queues, the table and the
 argument checks (tests/comfyui/test_comfy_workflows.py runs it against real servers)."""
 import json
+import subprocess
 
 import pytest
 
@@ -58,10 +59,41 @@ def test_the_base_directory_links_kiln_and_the_model_files(tmp_path):
     assert (tmp_path / "base" / "custom_nodes" / "comfyui-kiln" / "nodes").is_dir()
 
 
+def test_the_base_directory_can_link_an_earlier_kiln_tree(tmp_path):
+    earlier = tmp_path / "earlier-kiln"
+    (earlier / "nodes").mkdir(parents=True)
+    make_base_dir(tmp_path / "base", {}, pack=earlier)
+    assert (tmp_path / "base" / "custom_nodes" / "comfyui-kiln").resolve() == earlier.resolve()
+
+
+def test_the_earlier_kiln_s_row_is_named_by_its_commit_or_its_folder(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert bench.earlier_name(plain) == "kiln@plain"
+    subprocess.run(["git", "init", "-q", str(plain)], check=True)
+    subprocess.run(["git", "-C", str(plain), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    commit = subprocess.run(["git", "-C", str(plain), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    assert bench.earlier_name(plain) == f"kiln@{commit}"
+
+
+def test_the_earlier_kiln_runs_the_kiln_variant_last_from_its_own_tree(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(bench, "run_variant", lambda variant, *args, pack=bench.REPO, name="", **kw: ran.append(
+        (variant, pack, name)) or {"variant": name or variant, "skipped": "not run"})
+    monkeypatch.setattr(bench, "earlier_name", lambda tree: "kiln@abc1234")
+    result = bench.run(tmp_path, tmp_path / "c.safetensors", "python", ["eager", "kiln"], folder=tmp_path,
+                       earlier=tmp_path / "old")
+    assert ran == [("eager", bench.REPO, ""), ("kiln", bench.REPO, ""), ("kiln", tmp_path / "old", "kiln@abc1234")]
+    assert [row["variant"] for row in result["rows"]] == ["eager", "kiln", "kiln@abc1234"]
+
+
 @pytest.mark.parametrize("argv, said", [
     (["--variants", "eager,magic"], "unknown magic"),
     (["--steps", "0"], "--steps must be at least 1"),
     (["--size", "100"], "a multiple of 8"),
+    (["--earlier", "/nonexistent/kiln"], "no Kiln tree there"),
 ])
 def test_bad_arguments_are_refused_by_name(tmp_path, capsys, argv, said):
     (tmp_path / "main.py").write_text("")
