@@ -346,7 +346,7 @@ def detect_cpu_vector_isa() -> None:
     Inductor checks the sets one after another; here each set the CPU reports is checked in a thread
     of its own first (the work is compiler runs and child processes; each set keeps its answer on
     itself, `bool(isa)`, cached; `supported_vec_isa_list`, `x86_isa_checker`: checked as above), and
-    Inductor's list is then made of those answers: on a 2-core CPU with AMX, 7 s instead of 12. Kiln's
+    Inductor's list is then made of those answers: on a 2-core CPU with AMX, 6 s instead of 12. Kiln's
     cache keeps the programs (compiler/cache/cpu_probe.py)."""
     from torch._inductor import cpu_vec_isa
 
