@@ -42,7 +42,7 @@ class Lowering:
         config["triton.cudagraphs"] = cuda_graphs
         config.update(options.inductor)
         with compat.inductor_config_patch(config), compat.cache_key_tag(cache_tag):
-            compiled = compat.lookup_backend("inductor")(gm, example_inputs)
+            compiled = compat.inductor_backend(device)(gm, example_inputs)
         name = "inductor" + (f" {self.inductor_preset}" if self.inductor_preset else "") + (" + cudagraphs" if cuda_graphs else "")
         return compiled, name
 

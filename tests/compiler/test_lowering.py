@@ -167,7 +167,7 @@ def test_a_cpu_lowering_probes_once_a_process_and_a_cuda_one_never(monkeypatch):
     probes = []
     monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: bool(probes))
     monkeypatch.setattr(compat, "detect_cpu_vector_isa", lambda: probes.append(1))
-    monkeypatch.setattr(compat, "lookup_backend", lambda name: lambda gm, args: gm.forward)
+    monkeypatch.setattr(compat, "inductor_backend", lambda device: lambda gm, args: gm.forward)
     balanced = lowering.LOWERINGS["balanced"]
     options = CompileOptions()
     balanced.lower(_graph(), [torch.ones(2)], options, "cuda")
@@ -198,3 +198,58 @@ def test_the_parallel_probe_finds_what_inductors_own_finds(tmp_path):
                               check=True)
         answers[way] = done.stdout.strip().splitlines()[-1]
     assert answers["kiln"] == answers["inductor"] and "[]" not in answers["kiln"]
+
+
+def test_a_cpu_graph_is_lowered_by_inductors_compile_without_starting_its_triton_workers(monkeypatch):
+    """Inductor's registered backend first starts the processes that compile Triton kernels; a CPU
+    graph has none, so Kiln calls Inductor's compile itself for it. Other devices keep the backend."""
+    from torch._inductor import async_compile
+    from torch._inductor import compile_fx as inductor_compile
+
+    started, lowered = [], []
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: started.append(1))
+    monkeypatch.setattr(inductor_compile, "compile_fx", lambda gm, args: lowered.append(gm) or gm.forward)
+    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
+    balanced = lowering.LOWERINGS["balanced"]
+    gm = _graph()
+    compiled, name = balanced.lower(gm, [torch.ones(2, 3), 1], CompileOptions(), "cpu")
+    assert lowered == [gm] and started == [] and name == "inductor" and compiled(torch.ones(2, 3), 1) == 13
+    balanced.lower(gm, [torch.ones(2, 3), 1], CompileOptions(), "cuda")
+    assert lowered == [gm, gm] and started == [1]  # the registered backend: its workers, then the same compile
+
+
+WORKERS_CHILD = """
+import os, torch
+from torch._inductor.async_compile import AsyncCompile
+from kiln import CompileOptions
+from kiln.compiler import compat, lowering
+
+def children():
+    found = []
+    for thread in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{thread}/children") as listed:
+            found += listed.read().split()
+    return len(found)
+
+def graph():
+    return torch.fx.symbolic_trace(lambda x: torch.relu(x) * 2)
+
+compiled, _ = lowering.LOWERINGS["balanced"].lower(graph(), [torch.ones(4)], CompileOptions(), "cpu")
+assert torch.equal(compiled(torch.ones(4)), torch.full((4,), 2.0))
+print("kiln", AsyncCompile.process_pool.cache_info().currsize, children())
+compat.lookup_backend("inductor")(graph(), [torch.ones(4)])
+print("inductor", AsyncCompile.process_pool.cache_info().currsize, children())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts child processes in /proc")
+def test_a_real_cpu_lowering_starts_no_worker_process_where_inductors_backend_does():
+    """In a fresh process (about 15 s on a 2-core CPU): Kiln lowers a graph on the CPU and no process
+    is started; Inductor's registered backend, asked next in the same process, starts its workers
+    (Triton is installed with Kiln), so the count would see them."""
+    done = subprocess.run([sys.executable, "-c", WORKERS_CHILD], capture_output=True, text=True, check=True)
+    lines = dict(line.split(" ", 1) for line in done.stdout.strip().splitlines())
+    assert lines["kiln"] == "0 0"
+    pools, processes = map(int, lines["inductor"].split())
+    assert pools == 1 and processes >= 1
