@@ -429,6 +429,22 @@ def test_a_class_whose_first_regions_gained_under_10_percent_together_is_judged_
         "(compiled 1.000 ms, eager 1.010 ms a call (1.01x))")
 
 
+def test_a_class_let_through_stops_at_its_first_later_region_that_measured_slower():
+    """Its regions differ in size: the first two may gain while deeper ones lose."""
+    verdicts = region_choice.ClassVerdicts()
+    verdicts.record("Mix", "Mix#1", RegionTiming(0.8, 1.0))
+    verdicts.record("Mix", "Mix#2", RegionTiming(0.85, 1.0))
+    verdicts.record("Mix", "Mix#3", RegionTiming(1.0, 1.02))  # no faster, not slower: noise may say either
+    assert verdicts.predicted_eager("Mix") == ""
+    verdicts.record("Mix", "Mix#4", RegionTiming(1.1, 1.0))
+    assert verdicts.predicted_eager("Mix") == (
+        "not compiled: Mix#4, compiled after the first 2 regions of its class (Mix#1, Mix#2), measured slower "
+        "compiled (compiled 1.100 ms, eager 1.000 ms a call (0.91x))")
+    verdicts.record("Mix", "Mix#5", RegionTiming(0.5, 1.0))  # measured anyway (a stored choice): Mix#4 decides
+    assert verdicts.predicted_eager("Mix").startswith("not compiled: Mix#4, compiled after")
+    assert verdicts.predicted_eager("Tokens") == ""
+
+
 def test_a_class_whose_first_region_measured_slower_is_judged_by_it():
     """Its next region would cost a lowering and, with the first, could gain 10% only by gaining far more alone."""
     verdicts = region_choice.ClassVerdicts()
