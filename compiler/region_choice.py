@@ -25,10 +25,11 @@ compiled after the first PREDICT_AFTER measures slower compiled than eager, its 
 compiled are not compiled. The regions of a class differ in size, and the gain with it: on a 2-core
 CPU SD1.5's first two ResNet regions (the largest images, fewest channels) measured 1.09-1.20x
 compiled in six timings each, the fourth 0.88-0.93x and four of the nine after it 0.67-0.91x; judged
-by its first two alone the class lowered all 13 regions (96.9 s to the first step) and kept 7. A marginal gain is not worth more seconds of compiling; a rule at 3%
-over two regions, or at 3% on the first alone, would flip between runs on noise (one run measured
-SD1.5's first transformer region under 3% faster, the next at 1.10x); and one timing far off (a CPU
-run measured SD1.5's first ResNet region at 3.17x, the next at 1.02x) must not carry a class. A class
+by its first two alone the class lowered all 13 regions (96.9 s to the first step) and kept 7.
+A marginal gain is not worth more seconds of compiling; a rule at 3% over two regions, or at 3% on
+the first alone, would flip between runs on noise (one run measured SD1.5's first transformer region
+under 3% faster, the next at 1.10x); and one timing far off (a CPU run measured SD1.5's first ResNet
+region at 3.17x, the next at 1.02x) must not carry a class. A class
 whose first regions gain more keeps every region compiled and measured.
 
 Not measured (the region stays compiled, as before): a block with hooks, or with ComfyUI patches a
