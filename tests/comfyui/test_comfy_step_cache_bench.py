@@ -1,6 +1,6 @@
 """benchmarks/step_cache_comfy.py (Kiln's step cache beside core's EasyCache through ComfyUI's sampling, on the
-trained digits denoiser) must not rot: one seed of it. Needs the trained model (cached, or scikit-learn to
-train it). Runs when COMFYUI_PATH points at a ComfyUI tree; skips otherwise."""
+trained digits denoiser) must not rot: one seed of it. Needs diffusers and the trained model (cached, or
+scikit-learn to train it). Runs when COMFYUI_PATH points at a ComfyUI tree; skips otherwise."""
 import os
 
 import pytest
@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from kiln.benchmarks import step_cache_comfy  # noqa: E402
 from kiln.testing import digits_unet  # noqa: E402
 
+pytest.importorskip("diffusers", reason="the digits denoiser is a diffusers UNet (Kiln's bench extra)")
 if not digits_unet.cache_path().exists():
     pytest.importorskip("sklearn", reason="the digits denoiser is not trained yet and scikit-learn is missing")
 
