@@ -14,7 +14,6 @@ weights are enough: every image is compared with the same workflow run without K
 import json
 import os
 import shutil
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -250,18 +249,3 @@ def test_the_step_cache_server_bench_runs_every_setting_the_server_has(server, t
     assert rows[("kiln compile", "no cache")]["psnr_min"] >= 40   # Kiln's compile: the eager image
     assert rows[("eager", "kiln reuse default")]["psnr_min"] > 0
     assert all(r["seconds"] > 0 and 0 <= r["ssim_min"] <= 1.0 + 1e-6 for r in result["rows"])
-
-
-@pytest.mark.slow
-def test_the_first_image_bench_starts_a_cold_server_per_variant(tmp_path):
-    """benchmarks/first_image_server.py must not rot: eager and Kiln's compile, one step at 64x64, each in
-    a server of its own with its own Inductor cache."""
-    from kiln.benchmarks import first_image_server
-
-    result = first_image_server.run(COMFY, CHECKPOINT, sys.executable, ["eager", "kiln"], steps=1, size=64,
-                                    port=PORT + 5, folder=tmp_path, log=lambda msg: None)
-    rows = {row["variant"]: row for row in result["rows"]}
-    assert rows["eager"]["first_image_s"] > 0 and rows["kiln"]["next_image_s"] > 0
-    assert min(rows["kiln"]["psnr_db"]) >= 40   # Kiln's compile: the eager image
-    assert any((tmp_path / "kiln" / "inductor-cache").iterdir())  # Kiln's server compiled into its own cache
-    assert "kiln" in first_image_server.format_table(result)
