@@ -43,7 +43,8 @@ def inductor_backend(device: str) -> Callable:
     worker per compile thread, each importing torch). A CPU graph's kernels are C++, built in
     threads, so those processes would only take the CPU from the lowering and from the timing of
     the region just compiled (on a 2-core CPU the first region's compiled/eager ratio, timed six
-    times in one process while they started, spread over 0.20-3.85x; 1.13-1.19x without them).
+    times in one process while they started, spread over 0.20-3.85x; within 1.05-1.20x in three
+    runs without them).
     Elsewhere the registered backend. Checked: torch 2.5 - 2.14."""
     if device == "cpu":
         from torch._inductor.compile_fx import compile_fx
