@@ -6,7 +6,9 @@
 For each case (full-size architectures, random weights) and variant it records time per step
 (median of CUDA-event timings after warm-up), the GPU's busy time per step (its kernels' own times:
 well under the step means the GPU waits on the host), compile time, peak memory, relative error vs
-eager, model FLOPs per step, and the fraction of the measured matmul ceiling. Results go to
+eager, model FLOPs per step, and the fraction of the measured matmul ceiling; after the other
+variants, eager is timed again (`eager again (timed last)`): how far the host's speed and the
+profiler's hooks moved over the run, where a step waits on the host. Results go to
 benchmarks/results/<date>-<gpu>.json with the raw log beside it, and the README's Performance
 table is regenerated from the newest result. A failing variant is recorded with its error and
 the rest still run. Besides Kiln and a CUDA torch it needs only diffusers (a pure-Python wheel).
@@ -242,7 +244,32 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
             log(f"{case.name:<18} {name:<28} FAILED {result.error}\n{traceback.format_exc()}")
         finally:
             torch._dynamo.reset()  # each variant compiles from scratch
+    first = results[0] if results else None
+    if first is not None and first.variant == "eager" and first.error is None and len(results) > 1:
+        results.append(eager_again(case, module, args, kwargs, device, reps, first.ms, reference, flops, ceiling, log))
     return results
+
+
+EAGER_AGAIN = "eager again (timed last)"
+
+
+def eager_again(case: Case, module, args, kwargs, device: str, reps: int, eager_ms: float, reference, flops: int,
+                ceiling: float, log) -> Result:
+    """Eager timed once more after every other variant: the host's speed drifts over a run, and after
+    the first CUDA profile (the busy time) torch's profiler leaves CUPTI attached to every later
+    launch (unless TEARDOWN_CUPTI=1); eager's first row has neither. Its ratio to the first row says
+    how far the conditions moved between the first row and the last."""
+    result = Result(case.name, EAGER_AGAIN, compile_s=0.0)
+    with torch.inference_mode():
+        out = module(*args, **kwargs)[0]
+        result.ms = median_ms(lambda: module(*args, **kwargs), device, warmup=3, reps=reps)
+    result.rel_err = ((out.float() - reference).abs().max() / reference.abs().max()).item()
+    result.speedup = eager_ms / result.ms
+    result.tflops = flops / (result.ms / 1e3) / 1e12
+    result.ceiling_fraction = result.tflops / ceiling
+    log(f"{case.name:<18} {EAGER_AGAIN:<28} {result.ms:9.2f} ms  {result.speedup:5.2f}x  (the first eager row "
+        f"{eager_ms:.2f} ms: how far the host's speed and the profiler's hooks moved over the run)")
+    return result
 
 
 def performance_table(data: dict) -> str:

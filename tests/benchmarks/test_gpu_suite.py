@@ -22,7 +22,27 @@ def test_tiny_suite_writes_results_and_log(tmp_path, monkeypatch):
     assert 0 < rows["kiln fast"]["ceiling_fraction"] and rows["kiln fast"]["tflops"] > 0
     assert rows["broken"]["error"] == "RuntimeError: no kernel for this"  # recorded, the rest still ran
     assert rows["kiln fast"]["busy_ms"] is None  # the GPU's busy time: CUDA only
+    # eager timed again after the others, last: how far the conditions moved over the run
+    assert data["results"][-1]["variant"] == gpu_suite.EAGER_AGAIN
+    again = rows[gpu_suite.EAGER_AGAIN]
+    assert again["error"] is None and again["ms"] > 0 and again["rel_err"] == 0.0
+    assert again["speedup"] == pytest.approx(rows["eager"]["ms"] / again["ms"])
     assert "FAILED" in result_file.with_suffix(".log").read_text()
+
+
+def test_eager_is_not_timed_again_when_it_ran_alone_or_failed(tmp_path, monkeypatch):
+    assert gpu_suite.main(["--tiny", "--cases", "vae-decode-tiny", "--variants", "eager", "--out", str(tmp_path / "a")]) == 0
+    rows = json.loads(next((tmp_path / "a").glob("*.json")).read_text())["results"]
+    assert [r["variant"] for r in rows] == ["eager"]
+
+    def broken(module):
+        raise RuntimeError("no eager today")
+
+    monkeypatch.setitem(gpu_suite.VARIANTS, "eager", broken)
+    assert gpu_suite.main(["--tiny", "--cases", "vae-decode-tiny", "--variants", "eager,kiln fast",
+                           "--out", str(tmp_path / "b")]) == 0
+    rows = json.loads(next((tmp_path / "b").glob("*.json")).read_text())["results"]
+    assert [r["variant"] for r in rows] == ["eager", "kiln fast"]  # no eager row to compare with
 
 
 def test_readme_table_is_regenerated_after_the_marker(tmp_path):

@@ -35,11 +35,14 @@ def test_the_tiny_run_writes_its_results(tmp_path):
                               "--top", "4", "--out", str(tmp_path)]) == 0
     data = json.loads(next(tmp_path.glob("host-*-sd15-tiny.json")).read_text())
     rows = {row["variant"]: row for row in data["results"]}
-    assert set(rows) == {"eager", "kiln fast"}
-    for row in rows.values():
+    assert [row["variant"] for row in data["results"]] == ["eager", "kiln fast", host_profile.EAGER_AGAIN]
+    for name in ("eager", "kiln fast"):
+        row = rows[name]
         assert row["error"] is None and row["ms"] > 0 and row["host_ms"] > 0
         assert len(row["top"]) == 4
         assert row["busy_ms"] is None and row["launches"] is None  # CUDA only
+    again = rows[host_profile.EAGER_AGAIN]  # eager timed again last: how far the conditions moved over the run
+    assert again["error"] is None and again["ms"] > 0 and again["host_ms"] > 0 and again["top"] == []
     assert "kiln fast" in next(tmp_path.glob("host-*-sd15-tiny.log")).read_text()
 
 
