@@ -127,6 +127,8 @@ class KilnModel(torch.nn.Module):
 
     def _run(self, compiled, module, args, kwargs):
         if compiled is self._regions:
+            if compiled.every_region_eager():
+                return module(*args, **kwargs)
             with self._regions.routed(self.progress):
                 return module(*args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)

@@ -106,8 +106,11 @@ class CompiledRegion:
             # a tensor inside a tuple, list or dict too: TorchDynamo guards on its sizes as on any other
             # (diffusers' Flux passes each block its rotary embedding as a (cos, sin) tuple sized by the tokens)
             for value in (*args, *kwargs.values()):
-                for tensor in tensors_in(value, depth=3):
-                    compat.allow_any_sizes(tensor)
+                if isinstance(value, torch.Tensor):  # most inputs: no generator to walk
+                    compat.allow_any_sizes(value)
+                elif isinstance(value, (tuple, list, dict)):
+                    for tensor in tensors_in(value, depth=3):
+                        compat.allow_any_sizes(tensor)
 
         def call():
             if not any(_carries_position(v) for v in (*args, *kwargs.values())):
@@ -305,10 +308,21 @@ class RegionalCompile:
             for block in blocks:
                 self._routes[block] = _route(compiled, block)
         stats.regions = [region for region, _ in regions]
+        self._every_region_eager = False
         # graphs per code object: every position of the blocks (with attention patches installed), batch 1,
         # a branch or two; counted over all blocks, since where a block's graph breaks TorchDynamo resumes
         # in the model's own code, which every region's blocks share
         self.budget = 2 * sum(len(region.members) for region, _ in regions) + 4
+
+    def every_region_eager(self) -> bool:
+        """Every region runs its blocks eagerly (by choice, or after its compile failed): the model's
+        calls need no routing, and skip its cost (about 0.1 ms a call on a CPU). Neither is ever undone,
+        so once true it stays true; a region not called yet is not decided, so a block that runs only
+        at another size or with a ControlNet keeps the routing."""
+        if not self._every_region_eager:
+            self._every_region_eager = all(r.fallback is not None or r.backend.kept_eager is not None
+                                           for r in self.regions)
+        return self._every_region_eager
 
     @contextlib.contextmanager
     def routed(self, progress: Optional[Progress]):

@@ -442,3 +442,49 @@ def test_with_cuda_graphs_every_regions_graph_runs_under_the_models_input_shape(
             assert rel_err(compiled(x), module(x)) < 1e-6
             assert sorted({graph for graph, _ in seen}) == [0, 1] and len(seen) == 8  # 8 blocks, 2 region graphs
             assert {call_shape for _, call_shape in seen} == {(shape,)}
+
+
+class DownNet(torch.nn.Module):
+    """Two identical blocks with nothing for Inductor to fuse: one region, run eagerly by choice."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Down(), Down()])
+
+    def forward(self, x):
+        return self.blocks[1](torch.relu(self.blocks[0](x)))
+
+
+def test_once_every_region_runs_eagerly_a_call_skips_the_routing(monkeypatch):
+    entered = []
+    routed = kiln.compiler.compat.calls_routed
+
+    def counting(routes):
+        entered.append(len(routes))
+        return routed(routes)
+
+    monkeypatch.setattr(kiln.compiler.compat, "calls_routed", counting)
+    torch.manual_seed(0)
+    module, x = DownNet().eval(), torch.randn(2, 4, 8, 8)
+    compiled = _compile(module, mode="balanced")
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-6  # the first call decides: nothing to fuse
+        assert entered == [2]  # one route per block
+        y = torch.randn(3, 4, 6, 6)
+        assert rel_err(compiled(x), module(x)) < 1e-6 and rel_err(compiled(y), module(y)) < 1e-6
+    assert entered == [2]  # the later calls ran the model as it is
+    info = kiln.stats(compiled)
+    assert list(info.regions_eager) == ["Down#1"] and info.fallback is None
+
+
+def test_a_model_with_a_compiled_region_keeps_routing_every_call(monkeypatch):
+    entered = []
+    routed = kiln.compiler.compat.calls_routed
+    monkeypatch.setattr(kiln.compiler.compat, "calls_routed", lambda routes: entered.append(1) or routed(routes))
+    torch.manual_seed(0)
+    module, x = ConvNet().eval(), torch.randn(2, 4, 8, 8)  # Mix compiles, Down runs eagerly
+    compiled = _compile(module, mode="balanced")
+    with torch.no_grad():
+        for _ in range(3):
+            assert rel_err(compiled(x), module(x)) < 1e-5
+    assert len(entered) == 3

@@ -1,0 +1,39 @@
+"""compiler/compat.py: the scoped settings and routes a model compiled by blocks enters on every call."""
+import pytest
+import torch
+import torch.fx.experimental._config as fx_config
+
+from kiln.compiler import compat
+
+
+def test_a_config_scope_sets_its_values_inside_and_puts_them_back_after_even_on_an_error():
+    assert fx_config.use_duck_shape is True
+    scope = compat.ConfigScope(fx_config, {"use_duck_shape": False})
+    with scope:
+        assert fx_config.use_duck_shape is False
+    assert fx_config.use_duck_shape is True
+    with pytest.raises(ValueError), scope:  # the same scope again, left by an error
+        assert fx_config.use_duck_shape is False
+        raise ValueError("the model's own error")
+    assert fx_config.use_duck_shape is True
+
+
+def test_no_duck_sizing_and_the_recompile_limit_are_scoped():
+    before = compat.recompile_limit()
+    with compat.no_duck_sizing(), compat.recompile_limit_at_least(before + 50):
+        assert fx_config.use_duck_shape is False and compat.recompile_limit() == before + 50
+    assert fx_config.use_duck_shape is True and compat.recompile_limit() == before
+    with compat.recompile_limit_at_least(1):  # already at least that: left as it is
+        assert compat.recompile_limit() == before
+
+
+def test_calls_routed_routes_inside_and_puts_back_what_was_installed_before():
+    block, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    installed = object.__getattribute__(other, "__dict__").get("_compiled_call_impl")
+    block._compiled_call_impl = lambda *a: "installed by someone else"
+    x = torch.ones(1, 2)
+    with compat.calls_routed({block: lambda *a: "routed", other: lambda *a: "routed too"}):
+        assert block(x) == "routed" and other(x) == "routed too"
+        assert "_compiled_call_impl" not in block._parameters and "_compiled_call_impl" not in block._modules
+    assert block(x) == "installed by someone else"
+    assert other.__dict__.get("_compiled_call_impl") is installed and isinstance(other(x), torch.Tensor)
