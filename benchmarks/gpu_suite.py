@@ -221,10 +221,7 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
                 result.ms = median_ms(lambda: runner(*args, **kwargs), device, warmup=3, reps=reps)
             if reference is None:
                 reference, eager_ms = out.float(), result.ms
-            result.rel_err = ((out.float() - reference).abs().max() / reference.abs().max()).item()
-            result.speedup = eager_ms / result.ms
-            result.tflops = flops / (result.ms / 1e3) / 1e12
-            result.ceiling_fraction = result.tflops / ceiling
+            score(result, out, reference, eager_ms, flops, ceiling)
             if device == "cuda":
                 result.peak_mem_gb = torch.cuda.max_memory_allocated() / 2 ** 30
                 try:
@@ -250,6 +247,15 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
     return results
 
 
+def score(result: Result, out: torch.Tensor, reference: torch.Tensor, eager_ms: float, flops: int,
+          ceiling: float) -> None:
+    """A timed row's error against eager's output, speed against eager's time, and FLOP rate."""
+    result.rel_err = ((out.float() - reference).abs().max() / reference.abs().max()).item()
+    result.speedup = eager_ms / result.ms
+    result.tflops = flops / (result.ms / 1e3) / 1e12
+    result.ceiling_fraction = result.tflops / ceiling
+
+
 EAGER_AGAIN = "eager again (timed last)"
 
 
@@ -263,10 +269,7 @@ def eager_again(case: Case, module, args, kwargs, device: str, reps: int, eager_
     with torch.inference_mode():
         out = module(*args, **kwargs)[0]
         result.ms = median_ms(lambda: module(*args, **kwargs), device, warmup=3, reps=reps)
-    result.rel_err = ((out.float() - reference).abs().max() / reference.abs().max()).item()
-    result.speedup = eager_ms / result.ms
-    result.tflops = flops / (result.ms / 1e3) / 1e12
-    result.ceiling_fraction = result.tflops / ceiling
+    score(result, out, reference, eager_ms, flops, ceiling)
     log(f"{case.name:<18} {EAGER_AGAIN:<28} {result.ms:9.2f} ms  {result.speedup:5.2f}x  (the first eager row "
         f"{eager_ms:.2f} ms: how far the host's speed and the profiler's hooks moved over the run)")
     return result

@@ -84,8 +84,13 @@ class CompiledRegion:
         self.mark_sizes = options.dynamic is None
         self.compiled = torch.compile(entry, backend=self.backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
 
+    @property
+    def runs_eagerly(self) -> bool:
+        """Its blocks run eagerly from now on: by choice, or after its compile failed (never undone)."""
+        return self.fallback is not None or self.backend.kept_eager is not None
+
     def __call__(self, block: torch.nn.Module, *args, **kwargs):
-        if self.fallback is not None or self.backend.kept_eager is not None:
+        if self.runs_eagerly:
             return compat.call_module_body(block, *args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
         first = self.backend.graphs == 0
@@ -320,8 +325,7 @@ class RegionalCompile:
         so once true it stays true; a region not called yet is not decided, so a block that runs only
         at another size or with a ControlNet keeps the routing."""
         if not self._every_region_eager:
-            self._every_region_eager = all(r.fallback is not None or r.backend.kept_eager is not None
-                                           for r in self.regions)
+            self._every_region_eager = all(region.runs_eagerly for region in self.regions)
         return self._every_region_eager
 
     @contextlib.contextmanager
