@@ -63,11 +63,18 @@ def contiguous_inputs(args, kwargs):
     another layout (channels-last, a transpose) is left as it is. A dense view (a Linear's 3-D output
     is one) is passed detached from its base, with the same memory: TorchDynamo guards on a view's
     base, so a view in one call and a plain tensor in the next would recompile (seen between two
-    identical blocks, the first fed by eager glue)."""
+    identical blocks, the first fed by eager glue). A contiguous tensor whose size-1 dimension has a
+    stride other than a fresh tensor's (a slice of a batch of 1 along its tokens: diffusers' Flux
+    single blocks pass each other such slices, the first one a fresh tensor) gets a fresh tensor's
+    strides over the same memory: TorchDynamo guards on that stride too, and recompiled the block."""
     def fix(value):
         if not isinstance(value, torch.Tensor):
             return value
-        if not (value.is_contiguous() or _dense(value)):
+        if value.is_contiguous():
+            strides = _contiguous_strides(value.shape)
+            if value.stride() != strides:
+                return value.as_strided(value.shape, strides).detach()
+        elif not _dense(value):
             return value.contiguous()
         return value.detach() if compat.is_view(value) else value
 
@@ -80,6 +87,15 @@ def input_shapes(args, kwargs) -> tuple:
     shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
     shapes += [tuple(kwargs[k].shape) for k in sorted(kwargs) if isinstance(kwargs[k], torch.Tensor)]
     return tuple(shapes)
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple:
+    """The strides of a fresh (contiguous) tensor of `shape`."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def _dense(tensor: torch.Tensor) -> bool:

@@ -120,6 +120,47 @@ def test_a_new_batch_or_resolution_compiles_nothing(make, graphs):
     assert info.compile_count == graphs and not info.recompiles, info.summary()
 
 
+class JointBlock(torch.nn.Module):
+    """Attends over its tokens and the text's together and hands both back as slices of one tensor, as
+    diffusers' Flux single blocks do: at a batch of 1 the next block gets contiguous slices whose
+    batch stride is not a fresh tensor's."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.fc = torch.nn.Linear(dim, dim)
+
+    def forward(self, x, context):
+        joint = torch.cat([context, x], dim=1)
+        joint = joint + self.fc(joint)
+        return joint[:, context.shape[1]:], joint[:, :context.shape[1]]
+
+
+class JointNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.text = torch.nn.Linear(8, 16), torch.nn.Linear(8, 16)
+        self.blocks = torch.nn.ModuleList(JointBlock() for _ in range(3))
+
+    def forward(self, image, text):
+        x, context = self.embed(image.flatten(2).transpose(1, 2)), self.text(text)
+        for block in self.blocks:
+            x, context = block(x, context)
+        return x
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_blocks_handed_slices_of_one_tensor_share_the_first_graph(batch):
+    torch.manual_seed(0)
+    module = JointNet().eval()
+    compiled = _compile(module, mode="fast")
+    with torch.no_grad():
+        for shape in ((batch, 8, 3, 5), (batch, 8, 4, 4)):
+            x, text = torch.randn(*shape), torch.randn(batch, 7, 8)
+            assert rel_err(compiled(x, text), module(x, text)) < 1e-6
+    info = kiln.stats(compiled)
+    assert info.compile_count == 1 and not info.recompiles, info.summary()
+
+
 class WeightedBlock(torch.nn.Module):
     """Reads a Python number from an object it is given, as ComfyUI blocks read an IPAdapter patch's weight."""
 

@@ -169,6 +169,11 @@ def test_slices_are_made_dense_and_dense_layouts_are_kept():
     view = torch.nn.functional.linear(torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5))  # a 3-D Linear: a view
     (d,), _ = contiguous_inputs((view,), {})
     assert view._is_view() and not d._is_view() and d.data_ptr() == view.data_ptr()  # the same memory, no base
+    # a contiguous slice of a batch of 1 gets a fresh tensor's strides over the same memory, no base
+    joint = torch.randn(1, 7, 5)
+    (e,), _ = contiguous_inputs((joint[:, 2:],), {})
+    assert e.stride() == (25, 5, 1) and joint[:, 2:].stride() == (35, 5, 1)
+    assert e.data_ptr() == joint[:, 2:].data_ptr() and torch.equal(e, joint[:, 2:]) and not e._is_view()
 
 
 def test_tensors_in_walks_containers_to_a_bound_even_one_that_holds_itself():
