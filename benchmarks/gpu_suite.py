@@ -199,7 +199,10 @@ def error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
 
 
-def run_case(case: Case, variants: list[str], device: str, size: str, reps: int, ceiling: float, log) -> list[Result]:
+def run_case(case: Case, variants: list[str], device: str, size: str, reps: int, ceiling: float, log,
+             on_row=lambda result: None) -> list[Result]:
+    """Every variant's row for one case, then eager's again; `on_row` gets each row as it ends (the
+    suite writes its results file then: a run cut short by a time limit keeps the rows it finished)."""
     module, args, kwargs = build_case(case, device, size)
     results, reference, eager_ms = [], None, None
     with torch.inference_mode():
@@ -241,9 +244,11 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
             log(f"{case.name:<18} {name:<28} FAILED {result.error}\n{traceback.format_exc()}")
         finally:
             torch._dynamo.reset()  # each variant compiles from scratch
+        on_row(result)
     first = results[0] if results else None
     if first is not None and first.variant == "eager" and first.error is None and len(results) > 1:
         results.append(eager_again(case, module, args, kwargs, device, reps, first.ms, reference, flops, ceiling, log))
+        on_row(results[-1])
     return results
 
 
@@ -340,15 +345,22 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stdout)
     ceiling = matmul_ceiling_tflops(device, args.tiny)
     log(f"kiln gpu suite on {device_name}, torch {torch.__version__}; matmul ceiling {ceiling:.1f} TFLOP/s")
-    results = []
-    for case in cases:
-        results += run_case(case, variants, device, "tiny" if args.tiny else "full", args.reps or (3 if args.tiny else 20), ceiling, log)
+    results: list[Result] = []
     data = {"date": datetime.date.today().isoformat(), "ceiling_tflops": ceiling,
             "machine": {"device": device_name, "torch": torch.__version__,
                         "triton": _version("triton"), "diffusers": _version("diffusers")},
             "method": "median of CUDA-event timings per step after 3 warm-up calls; compile = first call; "
                       "torch._dynamo.reset() between variants",
-            "results": [asdict(r) for r in results]}
+            "results": []}
+
+    def write(result: Result) -> None:  # after every row: the file holds what a cut-short run finished
+        results.append(result)
+        data["results"] = [asdict(r) for r in results]
+        (args.out / f"{stamp}.json").write_text(json.dumps(data, indent=2))
+
+    for case in cases:
+        run_case(case, variants, device, "tiny" if args.tiny else "full", args.reps or (3 if args.tiny else 20), ceiling,
+                 log, on_row=write)
     data["quant_targets"] = quant_targets(data["results"])
     for target in data["quant_targets"]:
         log(f"quantization target at {target['case']}: {target['variant']} {target['speedup_vs_kiln']:.2f}x vs kiln "

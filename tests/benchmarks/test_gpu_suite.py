@@ -45,6 +45,18 @@ def test_eager_is_not_timed_again_when_it_ran_alone_or_failed(tmp_path, monkeypa
     assert [r["variant"] for r in rows] == ["eager", "kiln fast"]  # no eager row to compare with
 
 
+def test_a_run_cut_short_keeps_the_rows_it_finished(tmp_path, monkeypatch):
+    def stopped(module):  # what a time limit does to the part in the middle of a row
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(gpu_suite.VARIANTS, "stopped", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_suite.main(["--tiny", "--cases", "vae-decode-tiny", "--variants", "eager,kiln fast,stopped,kiln max",
+                        "--out", str(tmp_path)])
+    rows = json.loads(next(tmp_path.glob("*.json")).read_text())["results"]
+    assert [r["variant"] for r in rows] == ["eager", "kiln fast"] and rows[1]["ms"] > 0
+
+
 def test_readme_table_is_regenerated_after_the_marker(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"# Kiln\n\n## Performance\n{gpu_suite.MARK}\nold table\n")
