@@ -71,9 +71,10 @@ def contiguous_inputs(args, kwargs):
         if not isinstance(value, torch.Tensor):
             return value
         if value.is_contiguous():
-            strides = _contiguous_strides(value.shape)
-            if value.stride() != strides:
-                return value.as_strided(value.shape, strides).detach()
+            if 1 in value.shape and type(value) is torch.Tensor:  # only a size-1 dimension can differ
+                strides = _contiguous_strides(value.shape)
+                if value.stride() != strides:
+                    return value.as_strided(value.shape, strides).detach()
         elif not _dense(value):
             return value.contiguous()
         return value.detach() if compat.is_view(value) else value
