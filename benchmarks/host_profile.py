@@ -117,7 +117,9 @@ def _short(path: str) -> str:
 
 
 def profile_case(case: Case, variants: list[str], device: str, size: str, reps: int, steps: int, count: int,
-                 log) -> list[HostProfile]:
+                 log, on_row=lambda row: None) -> list[HostProfile]:
+    """Every variant's row, then eager's again; `on_row` gets each row as it ends (the results file is
+    written then: a run cut short by a time limit keeps the rows it finished)."""
     module, args, kwargs = build_case(case, device, size)
     rows = []
     for name in variants:
@@ -144,9 +146,11 @@ def profile_case(case: Case, variants: list[str], device: str, size: str, reps: 
             log(f"{case.name:<14} {name:<36} FAILED {row.error}\n{traceback.format_exc()}")
         finally:
             torch._dynamo.reset()  # each variant compiles from scratch
+        on_row(row)
     first = rows[0] if rows else None
     if first is not None and first.variant == "eager" and first.ms is not None and len(rows) > 1:
         rows.append(eager_again(case, module, args, kwargs, device, reps, first, log))
+        on_row(rows[-1])
     return rows
 
 
@@ -187,6 +191,19 @@ def main(argv=None) -> int:
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"host-{datetime.date.today().isoformat()}-{case.name}"
+    rows: list[HostProfile] = []
+    data = {"date": datetime.date.today().isoformat(), "machine": {"device": device_name, "torch": torch.__version__},
+            "case": case.name, "method": "ms: median of CUDA-event timings per step after 3 warm-up steps; host_ms: "
+            "median time to return from a step started on an idle GPU; busy, launches, syncs: torch.profiler over "
+            f"{args.steps} steps; top: cProfile over {args.steps} steps, own time per step",
+            "results": []}
+
+    def write(row: HostProfile) -> None:  # after every row: the file holds what a cut-short run finished
+        rows.append(row)
+        data["results"] = [asdict(r) for r in rows]
+        stem.with_suffix(".json").write_text(json.dumps(data, indent=2))
+
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=2))  # there from the start, rows or not
     with open(stem.with_suffix(".log"), "w") as log_file:
         def log(msg: str) -> None:
             print(msg, flush=True)
@@ -194,13 +211,8 @@ def main(argv=None) -> int:
             log_file.flush()
 
         log(f"kiln host profile on {device_name}, torch {torch.__version__}: {case.name}")
-        rows = profile_case(case, variants, device, "tiny" if args.tiny else "full", args.reps, args.steps, args.top, log)
-    data = {"date": datetime.date.today().isoformat(), "machine": {"device": device_name, "torch": torch.__version__},
-            "case": case.name, "method": "ms: median of CUDA-event timings per step after 3 warm-up steps; host_ms: "
-            "median time to return from a step started on an idle GPU; busy, launches, syncs: torch.profiler over "
-            f"{args.steps} steps; top: cProfile over {args.steps} steps, own time per step",
-            "results": [asdict(r) for r in rows]}
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=2))
+        profile_case(case, variants, device, "tiny" if args.tiny else "full", args.reps, args.steps, args.top, log,
+                     on_row=write)
     print(f"wrote {stem.with_suffix('.json')}")
     return 0 if all(r.error is None for r in rows) else 1
 

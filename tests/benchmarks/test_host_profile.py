@@ -46,6 +46,18 @@ def test_the_tiny_run_writes_its_results(tmp_path):
     assert "kiln fast" in next(tmp_path.glob("host-*-sd15-tiny.log")).read_text()
 
 
+def test_a_run_cut_short_keeps_the_rows_it_finished(tmp_path, monkeypatch):
+    def stopped(module):  # what a time limit does to the run in the middle of a row
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(host_profile.VARIANTS, "stopped", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        host_profile.main(["--tiny", "--variants", "eager,stopped,kiln fast", "--reps", "3", "--steps", "1",
+                           "--top", "2", "--out", str(tmp_path)])
+    rows = json.loads(next(tmp_path.glob("host-*-sd15-tiny.json")).read_text())["results"]
+    assert [row["variant"] for row in rows] == ["eager"] and rows[0]["ms"] > 0
+
+
 def test_an_unknown_variant_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         host_profile.main(["--tiny", "--variants", "eager,turbo", "--out", str(tmp_path)])
