@@ -280,6 +280,17 @@ def eager_again(case: Case, module, args, kwargs, device: str, reps: int, eager_
     return result
 
 
+def rows_written(path: Path, data: dict, rows: list):
+    """A run's `on_row`: each finished row (a dataclass) joins `rows` and `data["results"]`, and `path`
+    is written again, so that a run cut short by a time limit keeps the rows it finished."""
+    def write(row) -> None:
+        rows.append(row)
+        data["results"] = [asdict(r) for r in rows]
+        path.write_text(json.dumps(data, indent=2))
+
+    return write
+
+
 def performance_table(data: dict) -> str:
     lines = [f"GPU suite, {data['date']}, {data['machine']['device']} (torch {data['machine']['torch']}); "
              f"matmul ceiling {data['ceiling_tflops']:.0f} TFLOP/s. Speedup is vs eager in the same run.", "",
@@ -353,11 +364,7 @@ def main(argv=None) -> int:
                       "torch._dynamo.reset() between variants",
             "results": []}
 
-    def write(result: Result) -> None:  # after every row: the file holds what a cut-short run finished
-        results.append(result)
-        data["results"] = [asdict(r) for r in results]
-        (args.out / f"{stamp}.json").write_text(json.dumps(data, indent=2))
-
+    write = rows_written(args.out / f"{stamp}.json", data, results)
     for case in cases:
         run_case(case, variants, device, "tiny" if args.tiny else "full", args.reps or (3 if args.tiny else 20), ceiling,
                  log, on_row=write)

@@ -22,13 +22,13 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
-from .gpu_suite import EAGER_AGAIN, FULL_CASES, VARIANTS, Case, build_case, device_busy_ms, error_line
+from .gpu_suite import EAGER_AGAIN, FULL_CASES, VARIANTS, Case, build_case, device_busy_ms, error_line, rows_written
 from .kernel_timing import median_ms
 from .side_by_side import sync
 
@@ -198,11 +198,7 @@ def main(argv=None) -> int:
             f"{args.steps} steps; top: cProfile over {args.steps} steps, own time per step",
             "results": []}
 
-    def write(row: HostProfile) -> None:  # after every row: the file holds what a cut-short run finished
-        rows.append(row)
-        data["results"] = [asdict(r) for r in rows]
-        stem.with_suffix(".json").write_text(json.dumps(data, indent=2))
-
+    write = rows_written(stem.with_suffix(".json"), data, rows)
     stem.with_suffix(".json").write_text(json.dumps(data, indent=2))  # there from the start, rows or not
     with open(stem.with_suffix(".log"), "w") as log_file:
         def log(msg: str) -> None:
