@@ -15,7 +15,7 @@ import torch
 from . import compat
 from .cache import GraphCache, entry_fields, graph_hash
 from .cuda_graph_budget import CudaGraphBudget
-from .fusible import nothing_to_fuse
+from .fusible import IdleRecord, idle_record
 from .lowering import LoweringFailed
 from .options import CompileOptions
 from .passes import PASSES, PassContext, Progress, passes_uuid, run_passes
@@ -96,6 +96,7 @@ class KilnBackend:
         self._breaks_logged: set[str] = set()
         # a region whose whole block is one graph with nothing to fuse runs eagerly: why (compiler/fusible.py)
         self.kept_eager: Optional[str] = None
+        self.kept_idle: Optional[IdleRecord] = None  # set with kept_eager when the block had nothing to fuse
 
     def _reason(self) -> str:
         new, self._failures_seen = compat.guard_failures_since(self._failures_seen), compat.guard_failure_counts()
@@ -196,7 +197,7 @@ class KilnBackend:
 
         lowering = self.options.lowering
         index = len(self.stats.compiles)
-        idle = nothing_to_fuse(gm) if self.may_keep_eager(device) else None
+        idle = idle_record(gm) if self.may_keep_eager(device) else None
         if idle is not None:
             return self._keep_eager(gm, idle, reason, breaks, capture, start, index)
         graph = graph_hash(gm, compat.is_weight) if self._caching() else ""  # the captured structure, before the passes
@@ -263,11 +264,14 @@ class KilnBackend:
                 and not any(name.startswith("max_autotune") and value for name, value in options.inductor.items())
                 and not (options.cuda_graphs and device == "cuda"))
 
-    def _keep_eager(self, gm, why: str, reason: str, breaks: list[str], capture: float, start: float, index: int):
+    def _keep_eager(self, gm, idle: IdleRecord, reason: str, breaks: list[str], capture: float, start: float,
+                    index: int):
         """Run the captured graph as it is (TorchDynamo's FX graph: the block's own ops) and, when it is
         the region's whole block, let the region run its blocks eagerly from now on."""
+        why = idle.reason()
         if not self.graphs and not breaks:
             self.kept_eager = why
+            self.kept_idle = idle
             self.stats.keep_eager(self.region, "nothing_to_fuse", why)
         record = GraphCompile(
             index=index, reason=f"{reason}; kept eager, {why}", lowering="eager", input_shapes=_user_input_shapes(gm),

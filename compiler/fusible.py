@@ -6,9 +6,18 @@ kernel. A block whose graph is one convolution (SD's Downsample2D) or one resize
 one elementwise op alone is one kernel either way. Lowering such a graph still costs a C++ or Triton
 build (a second or two each on a CPU) and every call pays the compiled code's entry and guards, so a
 block region whose graph is one of these runs eagerly instead (compiler/regional.py), and says why.
+
+With Kiln's cache on, the verdict is kept as a small record (`IdleRecord`) under the region's choice
+key (compiler/cache/key.py `choice_fields`: the block's signature, its inputs' shapes, the lowering
+options, the environment, Kiln's version), so a later start runs the region eagerly without capturing
+it again: on a 2-core CPU, SD1.5's five Down/Upsample regions took about a second of a 9.4 s warm start.
+A stale record can only cost a fusion, never a wrong result: the block runs as it is.
 """
 from __future__ import annotations
 
+import json
+import re
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -26,6 +35,10 @@ VIEW_OPS = frozenset({
     "unflatten", "unsqueeze", "squeeze", "expand", "narrow", "chunk", "split", "unbind", "contiguous",
 })
 MIN_FUSIBLE_OPS = 2  # fusing needs two ops at least
+IDLE_FILE = "region-nothing-to-fuse.json"  # the record's file in Kiln's cache
+MAX_IDLE_RECORD_BYTES = 1024
+MAX_IDLE_RECORD_OPS = 16
+_OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -55,9 +68,51 @@ def _makes_tensor(node: torch.fx.Node) -> bool:
 def nothing_to_fuse(gm: torch.fx.GraphModule) -> Optional[str]:
     """Why lowering `gm` gains nothing (fewer than MIN_FUSIBLE_OPS ops outside LIBRARY_OPS), or None
     when Inductor has something to fuse."""
+    record = idle_record(gm)
+    return None if record is None else record.reason()
+
+
+def idle_record(gm: torch.fx.GraphModule) -> Optional["IdleRecord"]:
+    """`gm`'s verdict when lowering it gains nothing (its ops, each named once, in graph order), or
+    None when Inductor has something to fuse."""
     ops = computing_ops(gm)
     fusible = [op for op in ops if op not in LIBRARY_OPS]
     if len(fusible) >= MIN_FUSIBLE_OPS:
         return None
-    shown = ", ".join(dict.fromkeys(ops)) or "no op"
-    return f"nothing for Inductor to fuse ({shown})"
+    return IdleRecord(tuple(dict.fromkeys(ops)))
+
+
+@dataclass(frozen=True)
+class IdleRecord:
+    """A region's graph had nothing for Inductor to fuse: the ops it computes."""
+
+    ops: tuple[str, ...]
+
+    def reason(self) -> str:
+        return f"nothing for Inductor to fuse ({', '.join(self.ops) or 'no op'})"
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"ops": list(self.ops)}).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> "IdleRecord":
+        """A stored record, read as untrusted data: ValueError naming the field when it is not one."""
+        if len(data) > MAX_IDLE_RECORD_BYTES:
+            raise ValueError(f"{where}: {len(data)} bytes, more than the record's {MAX_IDLE_RECORD_BYTES}")
+        try:
+            raw = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # nested too deep: RecursionError
+            raise ValueError(f"{where}: not JSON ({exc})") from None
+        if not isinstance(raw, dict) or set(raw) != {"ops"}:
+            raise ValueError(f"{where}: expected exactly the field ops")
+        ops = raw["ops"]
+        if not isinstance(ops, list) or len(ops) > MAX_IDLE_RECORD_OPS:
+            raise ValueError(f"{where}: ops is not a list of at most {MAX_IDLE_RECORD_OPS} op names")
+        for op in ops:
+            if not isinstance(op, str) or not _OP_NAME.fullmatch(op):
+                raise ValueError(f"{where}: ops holds {str(op)[:40]!r}, not an op name")
+        if len(set(ops)) != len(ops):
+            raise ValueError(f"{where}: ops names an op twice")
+        if sum(op not in LIBRARY_OPS for op in ops) >= MIN_FUSIBLE_OPS:
+            raise ValueError(f"{where}: ops names {MIN_FUSIBLE_OPS} or more ops Inductor could fuse")
+        return cls(tuple(ops))

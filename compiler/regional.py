@@ -41,7 +41,7 @@ from typing import Optional
 
 import torch
 
-from . import compat, region_choice
+from . import compat, fusible, region_choice
 from .backend import KilnBackend, device_type_of, lowering_options
 from .blocks import Region
 from .cache import GraphCache, choice_fields
@@ -99,6 +99,8 @@ class CompiledRegion:
             self._say_if_nothing_compiled()
             return compat.call_module_body(block, *args, **kwargs)
         out = self._run_compiled(block, args, kwargs)
+        if first and self.backend.kept_idle is not None:
+            self._store_idle(args, kwargs)
         if first and not self.decided and self.backend.graphs == 1 and self.backend.kept_eager is None:
             self._measure(block, args, kwargs)
         if self.backend.kept_eager is not None:  # decided in this call: the last region compiled may be gone
@@ -163,13 +165,35 @@ class CompiledRegion:
             self.cache.write_record(self._choice_fields(args, kwargs, device), region_choice.CHOICE_FILE,
                                     timing.to_bytes())
 
+    def _store_idle(self, args: tuple, kwargs: dict) -> None:
+        """The region's block had nothing to fuse (its first capture said so): keep the verdict in
+        Kiln's cache, so a later start runs it eagerly without capturing it (compiler/fusible.py)."""
+        if self.cache is not None:
+            device = device_type_of((*args, *kwargs.values()))
+            self.cache.write_record(self._choice_fields(args, kwargs, device), fusible.IDLE_FILE,
+                                    self.backend.kept_idle.to_bytes())
+
     def _eager_by_stored_choice(self, args: tuple, kwargs: dict) -> bool:
-        """Before the region's first capture: whether Kiln's cache holds a choice measured for these
-        inputs here before, and it says eager (then nothing is captured)."""
-        device = self._may_measure(args, kwargs) if self.cache is not None else None
-        if device is None:
+        """Before the region's first capture: whether Kiln's cache holds, for these inputs here, the
+        verdict that the block has nothing to fuse, or a choice measured before that says eager (then
+        nothing is captured)."""
+        device = device_type_of((*args, *kwargs.values())) if self.cache is not None else None
+        if device is None or not self.backend.may_keep_eager(device):
             return False
-        data = self.cache.read_record(self._choice_fields(args, kwargs, device), region_choice.CHOICE_FILE)
+        records = self.cache.read_records(self._choice_fields(args, kwargs, device))
+        if fusible.IDLE_FILE in records:
+            try:
+                idle = fusible.IdleRecord.from_bytes(records[fusible.IDLE_FILE],
+                                                     f"the stored verdict of region {self.region.name}")
+            except ValueError as exc:
+                log.warning("Kiln: %s: ignored %s; the region is captured again", self.label, exc)
+            else:
+                self.decided = True
+                self.backend.kept_idle = idle
+                self._keep_eager("nothing_to_fuse", idle.reason() + " (found before, from Kiln's cache)")
+                self.backend.report(f"kept eager: {self.backend.kept_eager}", 1, 1)
+                return True
+        data = records.get(region_choice.CHOICE_FILE) if self._may_measure(args, kwargs) else None
         if data is None:
             return False
         try:

@@ -43,10 +43,10 @@ def describe_cache(options: CacheOptions, model: str = "") -> CacheReport:
             f"of {options.max_gb:g} GiB")
     if model:
         mine = [e for e in entries if str(e.fields.get("label", "")).split(" ")[0] == model]
-        graphs = [e for e in mine if "graph" in e.fields]  # the rest are records: a region's measured choice
+        graphs = [e for e in mine if "graph" in e.fields]  # the rest are records: a region's choice
         text += f"; {len(graphs)} for {model}"
         if graphs:
             text += f" ({sum(e.compile_seconds for e in graphs):.0f}s of compiling stored)"
         if len(mine) > len(graphs):
-            text += f" and {len(mine) - len(graphs)} measured region choice(s)"
+            text += f" and {len(mine) - len(graphs)} region choice(s) (measured, or nothing to fuse)"
     return CacheReport(text + ".")

@@ -159,16 +159,16 @@ class GraphCache:
         if key not in self._seen:
             self._seen.append(key)
 
-    def read_record(self, fields: dict, name: str) -> Optional[bytes]:
-        """The file `name` of the entry keyed by `fields`: a small record kept beside the graphs (a
-        region's measured choice, compiler/region_choice.py), or None when there is none, the cache
-        is not in "use" mode, or the entry was refused (removed, said in the log). The bytes are the
-        caller's to validate."""
+    def read_records(self, fields: dict) -> dict[str, bytes]:
+        """The files of the entry keyed by `fields`, by name: small records kept beside the graphs (a
+        region's measured choice, compiler/region_choice.py; its verdict of nothing to fuse,
+        compiler/fusible.py), or none when there is no entry, the cache is not in "use" mode, or the
+        entry was refused (removed, said in the log). The bytes are the caller's to validate."""
         store = self.store()
         if store is None or self.options.mode != "use":
-            return None
+            return {}
         entry, _ = self._lookup(store, cache_key.entry_key(fields), fields, explain=False)
-        return None if entry is None else entry.files.get(name)
+        return {} if entry is None else dict(entry.files)
 
     def write_record(self, fields: dict, name: str, data: bytes) -> None:
         """Store `data` as the file `name` of the entry keyed by `fields` (signed like every entry)."""

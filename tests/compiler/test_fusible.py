@@ -2,7 +2,9 @@
 import torch
 import torch.nn.functional as F
 
-from kiln.compiler.fusible import computing_ops, nothing_to_fuse
+import pytest
+
+from kiln.compiler.fusible import LIBRARY_OPS, IdleRecord, computing_ops, idle_record, nothing_to_fuse
 
 
 def captured(fn, *args) -> torch.fx.GraphModule:
@@ -61,3 +63,32 @@ def test_arithmetic_on_dynamic_sizes_is_not_work():
     assert any(op_name == "mul" for op_name in (n.target.__name__ for n in graphs[0].graph.nodes
                                                   if n.op == "call_function" and hasattr(n.target, "__name__")))
     assert nothing_to_fuse(graphs[0]) == "nothing for Inductor to fuse (interpolate, conv2d)"
+
+
+def test_the_verdict_is_a_record_that_reads_back_as_it_was_written():
+    conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+    gm = captured(lambda x: conv(F.interpolate(x, scale_factor=2.0, mode="nearest")), torch.randn(1, 4, 8, 8))
+    record = idle_record(gm)
+    assert record == IdleRecord(("interpolate", "conv2d")) and record.reason() == nothing_to_fuse(gm)
+    assert IdleRecord.from_bytes(record.to_bytes(), "here") == record
+    # the most a graph with nothing to fuse can name: every library op and one op Inductor could fuse
+    every_library_op_and_one_more = IdleRecord((*sorted(LIBRARY_OPS), "silu"))
+    assert IdleRecord.from_bytes(every_library_op_and_one_more.to_bytes(), "here") == every_library_op_and_one_more
+
+
+@pytest.mark.parametrize("data, field", [
+    (b"x" * 2000, "2000 bytes"),
+    (b"not json", "not JSON"),
+    (b"[" * 500 + b"]" * 500, "exactly the field ops"),
+    (b'{"ops": ["conv2d"], "more": 1}', "exactly the field ops"),
+    (b'{"ops": "conv2d"}', "ops is not a list"),
+    (b'{"ops": [' + b'"conv2d",' * 16 + b'"mm"]}', "ops is not a list"),
+    (b'{"ops": ["conv2d; rm -rf /"]}', "not an op name"),
+    (b'{"ops": [3]}', "not an op name"),
+    (b'{"ops": ["conv2d", "conv2d"]}', "twice"),
+    (b'{"ops": ["silu", "add"]}', "ops Inductor could fuse"),
+], ids=lambda value: value.decode()[:24] if isinstance(value, bytes) else None)
+def test_a_stored_verdict_is_read_as_untrusted_data(data, field):
+    with pytest.raises(ValueError, match="the stored verdict") as caught:
+        IdleRecord.from_bytes(data, "the stored verdict")
+    assert field in str(caught.value)

@@ -327,7 +327,8 @@ def test_the_choice_is_kept_in_the_cache_and_a_new_process_never_captures_a_slow
     from kiln.compiler.cache import CacheOptions, describe_cache
 
     assert "; 2 for Net (" in describe_cache(CacheOptions(dir=str(tmp_path)), "Net").text
-    assert describe_cache(CacheOptions(dir=str(tmp_path)), "Net").text.endswith(" and 2 measured region choice(s).")
+    described = describe_cache(CacheOptions(dir=str(tmp_path)), "Net").text
+    assert described.endswith(" and 2 region choice(s) (measured, or nothing to fuse).")
     module = _net()  # another model object with the same blocks: what a restarted server has
     second = kiln.compile(module, mode="balanced", cache_dir=str(tmp_path))
     with torch.no_grad():

@@ -1,4 +1,6 @@
 """Compiling by blocks (compiler/regional.py): each distinct block compiled once, shared by identical blocks."""
+import logging
+
 import pytest
 import torch
 
@@ -386,6 +388,38 @@ def test_a_region_with_nothing_to_fuse_runs_eagerly_and_says_why():
     assert info.eager_calls == 0 and not info.region_fallbacks
     assert "1 region(s) eager by choice (1 nothing to fuse)" in info.units_line()
     assert "region Down#1 runs eagerly by choice: nothing for Inductor to fuse (conv2d)" in info.summary()
+
+
+def test_the_verdict_is_kept_in_the_cache_and_a_new_process_runs_the_region_eagerly_without_capturing_it(
+        tmp_path, caplog):
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 8, 8)
+    with torch.no_grad():
+        first = _compile(ConvNet().eval(), mode="balanced", cache_dir=str(tmp_path))
+        first(x)
+        module = ConvNet().eval()  # another model object with the same blocks: what a restarted server has
+        second = _compile(module, mode="balanced", cache_dir=str(tmp_path))
+        assert rel_err(second(x), module(x)) < 1e-5
+    assert [(c.region, c.lowering) for c in kiln.stats(first).compiles] == [("Mix#1", "inductor"), ("Down#1", "eager")]
+    info = kiln.stats(second)
+    assert [c.region for c in info.compiles] == ["Mix#1"]  # Down#1 not captured
+    assert info.regions_eager == {"Down#1": "nothing for Inductor to fuse (conv2d) (found before, from Kiln's cache)"}
+    assert "1 region(s) eager by choice (1 nothing to fuse)" in info.units_line()
+
+    from kiln.compiler.cache import CacheOptions, GraphCache
+    from kiln.compiler.fusible import IDLE_FILE
+
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    records = [e for _, e, _ in cache.store().headers() if e is not None and "region_choice" in e.fields]
+    assert len(records) == 1
+    cache.write_record(records[0].fields, IDLE_FILE, b'{"ops": ["silu", "add"]}')  # signed, yet not a verdict
+    caplog.set_level(logging.WARNING, logger="kiln")
+    third = _compile(ConvNet().eval(), mode="balanced", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        third(x)
+    assert "ignored the stored verdict of region Down#1" in caplog.text and "captured again" in caplog.text
+    assert [c.region for c in kiln.stats(third).compiles] == ["Mix#1", "Down#1"]
+    assert kiln.stats(third).regions_eager == {"Down#1": "nothing for Inductor to fuse (conv2d)"}
 
 
 def test_when_the_regions_with_something_to_fuse_all_fail_the_model_says_it_runs_eagerly(monkeypatch, caplog):
