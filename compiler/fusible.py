@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 from . import compat
+from .region_choice import stored_record
 
 # ops that run a library kernel (oneDNN, cuBLAS, cuDNN, flash attention) whether compiled or not
 LIBRARY_OPS = frozenset({
@@ -97,15 +98,7 @@ class IdleRecord:
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> "IdleRecord":
         """A stored record, read as untrusted data: ValueError naming the field when it is not one."""
-        if len(data) > MAX_IDLE_RECORD_BYTES:
-            raise ValueError(f"{where}: {len(data)} bytes, more than the record's {MAX_IDLE_RECORD_BYTES}")
-        try:
-            raw = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # nested too deep: RecursionError
-            raise ValueError(f"{where}: not JSON ({exc})") from None
-        if not isinstance(raw, dict) or set(raw) != {"ops"}:
-            raise ValueError(f"{where}: expected exactly the field ops")
-        ops = raw["ops"]
+        ops = stored_record(data, where, ("ops",), MAX_IDLE_RECORD_BYTES, "the record")["ops"]
         if not isinstance(ops, list) or len(ops) > MAX_IDLE_RECORD_OPS:
             raise ValueError(f"{where}: ops is not a list of at most {MAX_IDLE_RECORD_OPS} op names")
         for op in ops:

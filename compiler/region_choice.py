@@ -67,6 +67,21 @@ CHOICE_FILE = "region-choice.json"
 MAX_CHOICE_BYTES = 1024
 
 
+def stored_record(data: bytes, where: str, fields: tuple[str, ...], max_bytes: int, what: str) -> dict:
+    """A region's record read back from Kiln's cache (a timing here, a verdict of nothing to fuse in
+    compiler/fusible.py): a JSON object of exactly `fields`, read as untrusted data. ValueError, naming
+    `where` and what is wrong, when it is not; the values are the caller's to check."""
+    if len(data) > max_bytes:
+        raise ValueError(f"{where}: {len(data)} bytes, more than {what}'s {max_bytes}")
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # nested too deep: RecursionError
+        raise ValueError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(raw, dict) or set(raw) != set(fields):
+        raise ValueError(f"{where}: expected exactly the field{'s' if len(fields) > 1 else ''} {' and '.join(fields)}")
+    return raw
+
+
 @dataclass(frozen=True)
 class RegionTiming:
     """One region's call, timed compiled and eagerly on the same inputs (milliseconds, medians)."""
@@ -98,14 +113,7 @@ class RegionTiming:
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> "RegionTiming":
         """A stored timing, read as untrusted data: ValueError naming the field when it is not one."""
-        if len(data) > MAX_CHOICE_BYTES:
-            raise ValueError(f"{where}: {len(data)} bytes, more than a region timing's {MAX_CHOICE_BYTES}")
-        try:
-            raw = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # nested too deep: RecursionError
-            raise ValueError(f"{where}: not JSON ({exc})") from None
-        if not isinstance(raw, dict) or set(raw) != {"compiled_ms", "eager_ms"}:
-            raise ValueError(f"{where}: expected exactly the fields compiled_ms and eager_ms")
+        raw = stored_record(data, where, ("compiled_ms", "eager_ms"), MAX_CHOICE_BYTES, "a region timing")
         for name, value in raw.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{where}: {name}={str(value)[:40]} is not a positive time in milliseconds")
