@@ -1,8 +1,7 @@
 """Whether a captured graph gives Inductor anything to fuse (compiler/fusible.py), on TorchDynamo's own graphs."""
+import pytest
 import torch
 import torch.nn.functional as F
-
-import pytest
 
 from kiln.compiler.fusible import LIBRARY_OPS, IdleRecord, computing_ops, idle_record, nothing_to_fuse
 
