@@ -38,7 +38,7 @@ VIEW_OPS = frozenset({
 MIN_FUSIBLE_OPS = 2  # fusing needs two ops at least
 IDLE_FILE = "region-nothing-to-fuse.json"  # the record's file in Kiln's cache
 MAX_IDLE_RECORD_BYTES = 1024
-MAX_IDLE_RECORD_OPS = 16
+MAX_IDLE_RECORD_OPS = len(LIBRARY_OPS) + MIN_FUSIBLE_OPS - 1  # the most a graph with nothing to fuse names
 _OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
