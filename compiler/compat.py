@@ -57,11 +57,12 @@ def cpu_graph_as_one_library() -> dict[str, Any]:
     as another (Inductor's C++ wrapper, `cpp_wrapper_build_separate`), instead of one compiler run
     per kernel. Most of a small graph's build is the compiler's fixed cost per run (starting, loading
     Inductor's precompiled header): tiny Flux's two block graphs took 21 compiler runs one way and 4
-    plus 2 links the other. Empty where this torch lacks either setting (checked: torch 2.13 - 2.14;
-    the separate build came in 2.8)."""
+    plus 2 links the other. Empty before torch 2.13 (the separate build came in 2.8; checked on
+    torch 2.13 - 2.14 only) or where this torch lacks either setting: one compiler run per kernel."""
     import torch._inductor.config as inductor_config
 
-    if not all(hasattr(inductor_config, name) for name in ("cpp_wrapper", "cpp_wrapper_build_separate")):
+    names = ("cpp_wrapper", "cpp_wrapper_build_separate")
+    if torch_version() < (2, 13) or not all(hasattr(inductor_config, name) for name in names):
         return {}
     return {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
 

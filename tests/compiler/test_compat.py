@@ -37,3 +37,12 @@ def test_calls_routed_routes_inside_and_puts_back_what_was_installed_before():
         assert "_compiled_call_impl" not in block._parameters and "_compiled_call_impl" not in block._modules
     assert block(x) == "installed by someone else"
     assert other.__dict__.get("_compiled_call_impl") is installed and isinstance(other(x), torch.Tensor)
+
+
+def test_one_library_builds_are_asked_for_only_on_a_torch_they_were_checked_on(monkeypatch):
+    """Inductor's C++ wrapper with its kernels built apart from the entry, on torch 2.13 and later;
+    an earlier torch keeps one compiler run per kernel (the lowering's name then says nothing more)."""
+    monkeypatch.setattr(compat, "torch_version", lambda: (2, 13))
+    assert compat.cpu_graph_as_one_library() == {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
+    monkeypatch.setattr(compat, "torch_version", lambda: (2, 12))
+    assert compat.cpu_graph_as_one_library() == {}
