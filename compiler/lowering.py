@@ -31,13 +31,13 @@ class Lowering:
     def lower(self, gm, example_inputs, options, device: str, cache_tag: str = "", region: bool = False):
         """(callable, name): the graph lowered for `device` with `options` (a CompileOptions).
         `cache_tag` goes into Inductor's FX graph cache key (Kiln's pass and kernel sources).
-        A `region`'s graph (one block's) on a CPU is built as one C++ library of kernels beside its
-        entry (compat.cpu_graph_as_one_library): tiny Flux's first call 22.5 s against 34.9 s with a
-        compiler run per kernel, SD1.5's with every region lowered 110.4 against 109.4 s (its larger
-        kernels cost more to compile than to start), steps the same (2-core CPU, fresh processes).
-        A whole model's graph keeps a compiler run per kernel, as many at a time as there are cores:
-        as one library every kernel of a large model would build in one run, on one core (tiny Flux
-        whole built faster so, 72.1 against 82.1 s; a large model's whole graph was not measured)."""
+        A `region`'s graph (one block's) on a 2-core CPU is built as one library, its kernels in one
+        file and its entry in another (compat.cpu_graph_as_one_library): in fresh processes tiny
+        Flux's first call took 22.5 s against 34.9 s with a compiler run per kernel, SD1.5's with
+        every region lowered 110.4 against 109.4 s (its larger kernels cost more to compile than to
+        start); steps the same when timed interleaved in one process. A whole model's graph keeps a
+        compiler run per kernel: as one library all its kernels would wait on one compiler run (tiny
+        Flux whole built faster so, 72.1 against 82.1 s; a large model's whole graph was not measured)."""
         cuda_graphs = bool(options.cuda_graphs and device == "cuda")
         if not self.uses_inductor:
             if cuda_graphs:

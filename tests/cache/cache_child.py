@@ -1,5 +1,6 @@
 """Run by test_compile_cache.py in a fresh process: compile a small model with Kiln's cache, one step,
-print what happened as JSON on the last line. argv: cache_dir seed out_path [channels_last_convs switch]."""
+print what happened as JSON on the last line. argv: cache_dir seed out_path [channels_last_convs switch]
+[model: small, or blocks: three identical blocks compiled by blocks, every region lowered]."""
 import json
 import sys
 
@@ -20,15 +21,38 @@ class Small(torch.nn.Module):
         return self.out(h)
 
 
-def main(cache_dir, seed, out_path, switch="auto"):
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(2, 4)
+
+    def forward(self, x, t):
+        return x + torch.nn.functional.silu(self.norm(self.conv(x))) * t[:, None, None, None]
+
+
+class Blocks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(3))
+
+    def forward(self, x, t):
+        for block in self.blocks:
+            x = block(x, t)
+        return x
+
+
+def main(cache_dir, seed, out_path, switch="auto", model="small"):
     import kiln
     from kiln.compiler import compat
 
     torch.manual_seed(int(seed))
-    module = Small().eval()
+    module = (Small() if model == "small" else Blocks()).eval()
     torch.manual_seed(100)
     x, t = torch.randn(2, 4, 9, 7), torch.randn(2)
     options = kiln.CompileOptions(passes={"channels_last_convs": switch})
+    if model == "blocks":
+        options = kiln.CompileOptions(compile_unit="blocks", measure_regions=False)
     compiled = kiln.compile(module, options=options, cache_dir=cache_dir)
     before = compat.inductor_cache_counts()
     with torch.no_grad():
@@ -38,6 +62,7 @@ def main(cache_dir, seed, out_path, switch="auto"):
     torch.save(out, out_path)
     stats = kiln.stats(compiled)
     print(json.dumps({"counts": counts, "events": [e.__dict__ for e in stats.cache], "fallback": stats.fallback,
+                      "lowerings": [c.lowering for c in stats.compiles], "regions": len(stats.regions),
                       "max_diff_vs_eager": (out - eager).abs().max().item()}))
 
 

@@ -21,9 +21,9 @@ def graph_entries(root) -> list[str]:
     return [name for name in os.listdir(root / "cache" / "entries") if name != PROBE_ENTRY]
 
 
-def run(cache_dir, seed, out, switch="auto", inductor_dir=None) -> dict:
+def run(cache_dir, seed, out, switch="auto", inductor_dir=None, model="small") -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))  # a fresh Inductor cache: only Kiln's can help
-    done = subprocess.run([sys.executable, CHILD, str(cache_dir), str(seed), str(out), switch], env=env,
+    done = subprocess.run([sys.executable, CHILD, str(cache_dir), str(seed), str(out), switch, model], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -69,3 +69,19 @@ def test_a_changed_kiln_option_misses_and_names_it(cold):
     (event,) = result["events"]
     assert event["outcome"] == "miss" and "options.passes.channels_last_convs: auto -> off" in event["reason"]
     assert len(graph_entries(root)) == 2
+
+
+def test_a_region_built_as_one_library_loads_in_a_fresh_process_with_the_same_output(tmp_path):
+    """By blocks: the one region's graph, built however this CPU and torch build it (one library of
+    kernels beside its entry where compat.cpu_graph_as_one_library says so), is stored and loaded by
+    the next process with no Inductor compile and the same output."""
+    from kiln.compiler import compat
+
+    built = "inductor + C++ wrapper" if compat.cpu_graph_as_one_library() else "inductor"
+    cold = run(tmp_path / "cache", 0, tmp_path / "cold.pt", inductor_dir=tmp_path / "inductor-cold", model="blocks")
+    assert cold["regions"] == 1 and cold["lowerings"] == [built] and cold["fallback"] is None
+    assert [e["outcome"] for e in cold["events"]] == ["miss"] and cold["max_diff_vs_eager"] < 1e-5
+    warm = run(tmp_path / "cache", 0, tmp_path / "warm.pt", inductor_dir=tmp_path / "inductor-warm", model="blocks")
+    assert [e["outcome"] for e in warm["events"]] == ["hit"] and warm["lowerings"] == [built + " (from Kiln's cache)"]
+    assert warm["counts"]["fxgraph_cache_miss"] == 0 and warm["counts"]["fxgraph_cache_hit"] == 1
+    assert torch.equal(torch.load(tmp_path / "warm.pt"), torch.load(tmp_path / "cold.pt"))

@@ -115,7 +115,7 @@ def test_a_failed_specialisation_is_reported_and_the_dynamic_graph_serves(monkey
         calls.append(1)
         if len(calls) > 1:
             raise RuntimeError("no static kernels today")
-        return lower(self, gm, example_inputs, options, device, cache_tag, region)
+        return lower(self, gm, example_inputs, options, device, cache_tag, region=region)
 
     monkeypatch.setattr(Lowering, "lower", fails_when_static)
     options = build_options("balanced", advanced="shapes: {specialize: buckets, buckets: [[80, 80]]}").compile
