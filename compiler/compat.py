@@ -64,9 +64,9 @@ def cpu_graph_as_one_library() -> dict[str, Any]:
     2 links one way, 20 runs the other. The two files and the link build one after the other (torch
     2.13's `_worker_compile_cpp`), while kernels build as many at a time as Inductor has compile
     threads; so only where it has at most ONE_LIBRARY_MAX_COMPILE_THREADS (a 2-core CPU, where it was
-    measured; with more, a graph's few kernels each would build side by side sooner). Empty there,
-    before torch 2.13 (checked on 2.13 - 2.14 only) or where this torch lacks either setting: one
-    compiler run per kernel."""
+    measured; with more, a graph's few kernels each would build side by side sooner). Empty with more
+    threads, before torch 2.13 (checked on 2.13 - 2.14 only) or where this torch lacks either
+    setting: one compiler run per kernel."""
     import torch._inductor.config as inductor_config
 
     names = ("cpp_wrapper", "cpp_wrapper_build_separate")
