@@ -216,12 +216,12 @@ class KilnBackend:
 
         def lower(graph_module, args, label):
             if not self._caching():
-                return lowering.lower(graph_module, args, self.options, device, cache_tag, region=bool(self.region))
+                return lowering.lower(graph_module, args, self.options, device, cache_tag)
             options = lowering_options(self.options)
             fields = entry_fields(graph, args, options, self.options.shapes.as_dict(), device,
                                   f"{self.label} {label}")
             compiled, name, event = self.cache.lower(
-                lambda: lowering.lower(graph_module, args, self.options, device, cache_tag, region=bool(self.region)), fields)
+                lambda: lowering.lower(graph_module, args, self.options, device, cache_tag), fields)
             self.stats.cache.append(event)
             return compiled, name + (" (from Kiln's cache)" if event.outcome == "hit" else "")
 

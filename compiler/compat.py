@@ -52,31 +52,6 @@ def inductor_backend(device: str) -> Callable:
     return lookup_backend("inductor")
 
 
-# one library per CPU graph only where Inductor builds at most this many kernels at a time (measured there)
-ONE_LIBRARY_MAX_COMPILE_THREADS = 2
-
-
-def cpu_graph_as_one_library() -> dict[str, Any]:
-    """Inductor config that builds a CPU graph's kernels as one C++ file and its entry as another,
-    linked into one library (Inductor's C++ wrapper, `cpp_wrapper_build_separate`), instead of one
-    compiler run per kernel. Most of a small kernel's build is the compiler's fixed cost (starting,
-    loading Inductor's precompiled header): tiny Flux's two block graphs took 2 + 2 compiler runs and
-    2 links one way, 20 runs the other. The two files and the link build one after the other (torch
-    2.13's `_worker_compile_cpp`), while kernels build as many at a time as Inductor has compile
-    threads; so only where it has at most ONE_LIBRARY_MAX_COMPILE_THREADS (a 2-core CPU, where it was
-    measured; with more, a graph's few kernels each would build side by side sooner). Empty with more
-    threads, before torch 2.13 (checked on 2.13 - 2.14 only) or where this torch lacks either
-    setting: one compiler run per kernel."""
-    import torch._inductor.config as inductor_config
-
-    names = ("cpp_wrapper", "cpp_wrapper_build_separate")
-    if torch_version() < (2, 13) or not all(hasattr(inductor_config, name) for name in names):
-        return {}
-    if inductor_config.compile_threads > ONE_LIBRARY_MAX_COMPILE_THREADS:
-        return {}
-    return {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
-
-
 def inductor_mode_options(mode: str) -> dict[str, Any]:
     """Inductor config that `torch.compile(mode=...)` would set, e.g. for "max-autotune-no-cudagraphs"."""
     import torch._inductor

@@ -28,16 +28,9 @@ class Lowering:
     def description(self) -> str:
         return COMPILE_MODES[self.mode]
 
-    def lower(self, gm, example_inputs, options, device: str, cache_tag: str = "", region: bool = False):
+    def lower(self, gm, example_inputs, options, device: str, cache_tag: str = ""):
         """(callable, name): the graph lowered for `device` with `options` (a CompileOptions).
-        `cache_tag` goes into Inductor's FX graph cache key (Kiln's pass and kernel sources).
-        A `region`'s graph (one block's) on a 2-core CPU is built as one library, its kernels in one
-        file and its entry in another (compat.cpu_graph_as_one_library): in fresh processes tiny
-        Flux's first call took 22.5 s against 34.9 s with a compiler run per kernel, SD1.5's with
-        every region lowered 110.4 against 109.4 s (its larger kernels cost more to compile than to
-        start); steps the same when timed interleaved in one process. A whole model's graph keeps a
-        compiler run per kernel: as one library all its kernels would wait on one compiler run (tiny
-        Flux whole built faster so, 72.1 against 82.1 s; a large model's whole graph was not measured)."""
+        `cache_tag` goes into Inductor's FX graph cache key (Kiln's pass and kernel sources)."""
         cuda_graphs = bool(options.cuda_graphs and device == "cuda")
         if not self.uses_inductor:
             if cuda_graphs:
@@ -47,13 +40,10 @@ class Lowering:
             probe_cpu_once()
         config = compat.inductor_mode_options(self.inductor_preset) if self.inductor_preset else {}
         config["triton.cudagraphs"] = cuda_graphs
-        one_library = compat.cpu_graph_as_one_library() if region and device == "cpu" else {}
-        config.update(one_library)
         config.update(options.inductor)
         with compat.inductor_config_patch(config), compat.cache_key_tag(cache_tag):
             compiled = compat.inductor_backend(device)(gm, example_inputs)
-        name = ("inductor" + (f" {self.inductor_preset}" if self.inductor_preset else "")
-                + (" + C++ wrapper" if one_library else "") + (" + cudagraphs" if cuda_graphs else ""))
+        name = "inductor" + (f" {self.inductor_preset}" if self.inductor_preset else "") + (" + cudagraphs" if cuda_graphs else "")
         return compiled, name
 
 

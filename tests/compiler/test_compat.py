@@ -37,21 +37,3 @@ def test_calls_routed_routes_inside_and_puts_back_what_was_installed_before():
         assert "_compiled_call_impl" not in block._parameters and "_compiled_call_impl" not in block._modules
     assert block(x) == "installed by someone else"
     assert other.__dict__.get("_compiled_call_impl") is installed and isinstance(other(x), torch.Tensor)
-
-
-def test_one_library_builds_are_asked_for_only_where_they_were_measured(monkeypatch):
-    """Inductor's C++ wrapper with its kernels built apart from the entry, on torch 2.13 and later
-    where Inductor builds at most two kernels at a time; elsewhere one compiler run per kernel (the
-    lowering's name then says nothing more)."""
-    import torch._inductor.config as inductor_config
-
-    monkeypatch.setattr(compat, "torch_version", lambda: (2, 13))
-    monkeypatch.setattr(inductor_config, "compile_threads", 2)
-    assert compat.cpu_graph_as_one_library() == {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
-    monkeypatch.setattr(inductor_config, "compile_threads", 1)
-    assert compat.cpu_graph_as_one_library() == {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
-    monkeypatch.setattr(inductor_config, "compile_threads", 3)   # more cores: kernels build side by side
-    assert compat.cpu_graph_as_one_library() == {}
-    monkeypatch.setattr(inductor_config, "compile_threads", 2)
-    monkeypatch.setattr(compat, "torch_version", lambda: (2, 12))
-    assert compat.cpu_graph_as_one_library() == {}

@@ -218,58 +218,6 @@ def test_a_cpu_graph_is_lowered_by_inductors_compile_without_starting_its_triton
     assert lowered == [gm, gm] and started == [1]  # the registered backend: its workers, then the same compile
 
 
-def test_a_region_graph_on_a_cpu_is_built_as_one_library_and_a_whole_graph_per_kernel(monkeypatch):
-    """A block's graph on a CPU goes to Inductor with its C++ wrapper and the kernels built apart from
-    the entry (one compiler run for the kernels, not one each), and its lowering says so; a whole
-    model's graph and a CUDA graph are lowered as before; the settings hold only during the lowering."""
-    from torch._inductor import compile_fx as inductor_compile
-
-    seen = []
-
-    def compile_fx(gm, args):
-        seen.append((inductor_config.cpp_wrapper, inductor_config.cpp_wrapper_build_separate))
-        return gm.forward
-
-    monkeypatch.setattr(inductor_compile, "compile_fx", compile_fx)
-    monkeypatch.setattr(compat, "lookup_backend", lambda name: compile_fx)
-    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
-    monkeypatch.setattr(compat, "torch_version", lambda: (2, 13))
-    monkeypatch.setattr(inductor_config, "compile_threads", 2)
-    balanced, options = lowering.LOWERINGS["balanced"], CompileOptions()
-    names = [balanced.lower(_graph(), [torch.ones(2, 3), 1], options, device, region=region)[1]
-             for device, region in (("cpu", True), ("cpu", False), ("cuda", True))]
-    assert seen == [(True, True), (False, False), (False, False)]
-    assert names == ["inductor + C++ wrapper", "inductor", "inductor"]
-    assert not inductor_config.cpp_wrapper and not inductor_config.cpp_wrapper_build_separate
-    monkeypatch.setattr(inductor_config, "compile_threads", 4)    # kernels build four at a time: one run each
-    assert balanced.lower(_graph(), [torch.ones(2, 3), 1], options, "cpu", region=True)[1] == "inductor"
-    assert seen[-1] == (False, False)
-
-
-def test_a_real_region_graph_built_as_one_library_serves_new_sizes_like_eager(tmp_path):
-    """Through Inductor for real: a graph captured with dynamic sizes, built as one library where this
-    machine and torch call for it (its kernels' file, `*optimized.cpp`, is what Inductor writes for
-    such a build), gives eager's answer at its first size and at two more, without lowering again."""
-    one_library = bool(compat.cpu_graph_as_one_library())
-    lowered = []
-    linear = torch.nn.Linear(8, 8)
-
-    def backend(gm, example_inputs):
-        lowered.append(lowering.LOWERINGS["balanced"].lower(gm, example_inputs, CompileOptions(), "cpu", region=True))
-        return lowered[-1][0]
-
-    def block(x):
-        return torch.nn.functional.silu(linear(x)) * x + 1
-
-    compiled = torch.compile(block, backend=backend, dynamic=True)
-    with compat.inductor_cache_dir(str(tmp_path)), torch.inference_mode():
-        for shape in ((2, 5, 8), (3, 7, 8), (4, 3, 8)):
-            x = torch.randn(shape)
-            torch.testing.assert_close(compiled(x), block(x))
-    assert [name for _, name in lowered] == ["inductor + C++ wrapper" if one_library else "inductor"]
-    assert bool(list(tmp_path.rglob("*optimized.cpp"))) == one_library
-
-
 WORKERS_CHILD = """
 import os, torch
 from torch._inductor.async_compile import AsyncCompile

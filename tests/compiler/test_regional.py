@@ -5,11 +5,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.compiler import CompileOptions, Lowering, OptionsError, compat
+from kiln.compiler import CompileOptions, Lowering, OptionsError
 from testing_utils import rel_err
-
-# how Inductor builds a region's graph on this CPU and torch (compat.cpu_graph_as_one_library)
-CPU_REGION_LOWERING = "inductor + C++ wrapper" if compat.cpu_graph_as_one_library() else "inductor"
 
 
 class Block(torch.nn.Module):
@@ -387,7 +384,7 @@ def test_a_region_with_nothing_to_fuse_runs_eagerly_and_says_why():
             assert rel_err(compiled(x), module(x)) < 1e-5
     info = kiln.stats(compiled)
     assert info.regions_eager == {"Down#1": "nothing for Inductor to fuse (conv2d)"}
-    assert [(c.region, c.lowering) for c in info.compiles] == [("Mix#1", CPU_REGION_LOWERING), ("Down#1", "eager")]
+    assert [(c.region, c.lowering) for c in info.compiles] == [("Mix#1", "inductor"), ("Down#1", "eager")]
     assert info.eager_calls == 0 and not info.region_fallbacks
     assert "1 region(s) eager by choice (1 nothing to fuse)" in info.units_line()
     assert "region Down#1 runs eagerly by choice: nothing for Inductor to fuse (conv2d)" in info.summary()
@@ -403,7 +400,7 @@ def test_the_verdict_is_kept_in_the_cache_and_a_new_process_runs_the_region_eage
         module = ConvNet().eval()  # another model object with the same blocks: what a restarted server has
         second = _compile(module, mode="balanced", cache_dir=str(tmp_path))
         assert rel_err(second(x), module(x)) < 1e-5
-    assert [(c.region, c.lowering) for c in kiln.stats(first).compiles] == [("Mix#1", CPU_REGION_LOWERING), ("Down#1", "eager")]
+    assert [(c.region, c.lowering) for c in kiln.stats(first).compiles] == [("Mix#1", "inductor"), ("Down#1", "eager")]
     info = kiln.stats(second)
     assert [c.region for c in info.compiles] == ["Mix#1"]  # Down#1 not captured
     assert info.regions_eager == {"Down#1": "nothing for Inductor to fuse (conv2d) (found before, from Kiln's cache)"}

@@ -111,11 +111,11 @@ def test_a_failed_specialisation_is_reported_and_the_dynamic_graph_serves(monkey
     lower = Lowering.lower
     calls = []
 
-    def fails_when_static(self, gm, example_inputs, options, device, cache_tag="", region=False):
+    def fails_when_static(self, gm, example_inputs, options, device, cache_tag=""):
         calls.append(1)
         if len(calls) > 1:
             raise RuntimeError("no static kernels today")
-        return lower(self, gm, example_inputs, options, device, cache_tag, region=region)
+        return lower(self, gm, example_inputs, options, device, cache_tag)
 
     monkeypatch.setattr(Lowering, "lower", fails_when_static)
     options = build_options("balanced", advanced="shapes: {specialize: buckets, buckets: [[80, 80]]}").compile
