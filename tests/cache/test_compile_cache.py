@@ -1,6 +1,7 @@
 """Kiln's cache end to end, each run a fresh process as after a restart: a cold compile stores an entry;
 the next process loads it with no Inductor compile and the same output; another weight set of the
-same architecture hits and gives its own output; a changed Kiln option misses and says so."""
+same architecture hits and gives its own output; a changed Kiln option misses and says so; a region's
+graph, compiled by blocks, loads the same way."""
 import json
 import os
 import subprocess
