@@ -66,16 +66,9 @@ def _makes_tensor(node: torch.fx.Node) -> bool:
     return any(isinstance(v, torch.Tensor) for v in values)
 
 
-def nothing_to_fuse(gm: torch.fx.GraphModule) -> Optional[str]:
-    """Why lowering `gm` gains nothing (fewer than MIN_FUSIBLE_OPS ops outside LIBRARY_OPS), or None
-    when Inductor has something to fuse."""
-    record = idle_record(gm)
-    return None if record is None else record.reason()
-
-
 def idle_record(gm: torch.fx.GraphModule) -> Optional["IdleRecord"]:
-    """`gm`'s verdict when lowering it gains nothing (its ops, each named once, in graph order), or
-    None when Inductor has something to fuse."""
+    """`gm`'s verdict when lowering it gains nothing (fewer than MIN_FUSIBLE_OPS ops outside
+    LIBRARY_OPS; its ops, each named once, in graph order), or None when Inductor has something to fuse."""
     ops = computing_ops(gm)
     fusible = [op for op in ops if op not in LIBRARY_OPS]
     if len(fusible) >= MIN_FUSIBLE_OPS:

@@ -189,7 +189,6 @@ class CompiledRegion:
                 log.warning("Kiln: %s: ignored %s; the region is captured again", self.label, exc)
             else:
                 self.decided = True
-                self.backend.kept_idle = idle
                 self._keep_eager("nothing_to_fuse", idle.reason() + " (found before, from Kiln's cache)")
                 self.backend.report(f"kept eager: {self.backend.kept_eager}", 1, 1)
                 return True

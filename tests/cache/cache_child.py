@@ -50,9 +50,8 @@ def main(cache_dir, seed, out_path, switch="auto", model="small"):
     module = (Small() if model == "small" else Blocks()).eval()
     torch.manual_seed(100)
     x, t = torch.randn(2, 4, 9, 7), torch.randn(2)
-    options = kiln.CompileOptions(passes={"channels_last_convs": switch})
-    if model == "blocks":
-        options = kiln.CompileOptions(compile_unit="blocks", measure_regions=False)
+    options = (kiln.CompileOptions(compile_unit="blocks", measure_regions=False) if model == "blocks"
+               else kiln.CompileOptions(passes={"channels_last_convs": switch}))
     compiled = kiln.compile(module, options=options, cache_dir=cache_dir)
     before = compat.inductor_cache_counts()
     with torch.no_grad():
