@@ -9,8 +9,10 @@ Every run is a fresh process (`python -m kiln.benchmarks.cache_bench --child ...
 
 Each child builds the model first (not timed), then times compile + first step, and reports
 TorchDynamo's capture, the lowering, Inductor's cache counters and a checksum of the output. Every
-child gets a fresh TORCHINDUCTOR_CACHE_DIR except torch.compile warm, which reuses cold's, so no
-run is helped by a cache it is not meant to have.
+child gets a fresh TORCHINDUCTOR_CACHE_DIR and a fresh temporary folder (TMPDIR: Inductor keeps its
+precompiled C++ headers there whatever TORCHINDUCTOR_CACHE_DIR says), except torch.compile warm,
+which reuses cold's, so no run is helped by a cache it is not meant to have: Kiln's warm start is a
+restart after the system's temporary folder was cleared, torch.compile's one that kept it.
 """
 from __future__ import annotations
 
@@ -67,11 +69,12 @@ def child(args) -> dict:
     return result
 
 
-def _run_child(args, run: str, cache_dir: str, inductor_dir: str, log) -> dict:
+def _run_child(args, run: str, cache_dir: str, inductor_dir: str, temp_dir: str, log) -> dict:
     command = [sys.executable, "-m", "kiln.benchmarks.cache_bench", "--child", run, "--model", args.model,
                "--size", args.size, "--device", args.device, "--dtype", args.dtype, "--batch", str(args.batch),
                "--mode", args.cache_mode, "--cache-dir", cache_dir]
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir)
+    os.makedirs(temp_dir, exist_ok=True)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir, TMPDIR=temp_dir)
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -99,8 +102,10 @@ def run_cache_bench(args, log=print) -> dict:
     rows = []
     try:
         for run in RUNS:
-            inductor_dir = torch_inductor if run.startswith("torch") else os.path.join(work, f"inductor-{run.replace(' ', '-')}")
-            rows.append(_run_child(args, run, cache_dir, inductor_dir, log))
+            own = run.replace(" ", "-")
+            inductor_dir = torch_inductor if run.startswith("torch") else os.path.join(work, f"inductor-{own}")
+            temp_dir = os.path.join(work, "temp-torch-compile" if run.startswith("torch") else f"temp-{own}")
+            rows.append(_run_child(args, run, cache_dir, inductor_dir, temp_dir, log))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     by_run = {row["run"]: row for row in rows}

@@ -4,9 +4,9 @@ server of its own started cold:
     python -m kiln.benchmarks.first_image_server --comfyui PATH --checkpoint FILE \\
         [--python PATH] [--steps 8] [--size 256] [--variants eager,kiln,...] [--earlier TREE] [--json PATH]
 
-Every variant gets a fresh server (its own base directory, port and empty Inductor cache: nothing one
-variant compiled serves another; Kiln's cache is not used), which runs the example workflow
-workflows/api/kiln_sd15_compile_api.json with the variant's model node, twice (seeds 1 and 2). Per
+Every variant gets a fresh server (its own base directory, port, empty Inductor cache and temporary
+folder: nothing one variant compiled serves another; Kiln's cache is not used), which runs the example
+workflow workflows/api/kiln_sd15_compile_api.json with the variant's model node, twice (seeds 1 and 2). Per
 prompt: the server's own time (execution_start to execution_success: checkpoint load, text encoding,
 compiling, sampling, VAE decode), so the first prompt's is the time to the first image and the
 second's what each later image costs; and the image's PSNR against the eager variant's, same seed.
@@ -78,7 +78,9 @@ def run_variant(variant: str, comfyui: Path, checkpoint: Path, python: str, port
     variant_name = name or variant
     base = folder / variant_name
     make_base_dir(base, {"checkpoints": {CHECKPOINT_NAME: checkpoint}}, pack)
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(base / "inductor-cache"), "KILN_CACHE_DIR": str(base / "kiln-cache")}
+    (base / "temp").mkdir()  # the server's temporary folder, where Inductor builds its precompiled headers
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(base / "inductor-cache"), "KILN_CACHE_DIR": str(base / "kiln-cache"),
+           "TMPDIR": str(base / "temp")}
     with comfy_server(comfyui, base, port, python, env) as (url, object_info):
         if variant in NEEDS and NEEDS[variant] not in object_info:
             log(f"  {variant}: skipped, the server has no {NEEDS[variant]}")

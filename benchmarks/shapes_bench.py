@@ -169,12 +169,14 @@ def _measure_in_process(names, model, size, device, dtype, repeats, log) -> list
 
 
 def _measure_isolated(name, model, size, device, dtype, repeats, log) -> Run:
-    """`name` alone in a new Python process with an empty Inductor cache: its first compile is cold,
-    whatever ran before it (kernels compiled by one variant would otherwise serve the next)."""
+    """`name` alone in a new Python process with an empty Inductor cache and temporary folder (where
+    Inductor keeps its precompiled C++ headers): its first compile is cold, whatever ran before it
+    (kernels or headers built by one variant would otherwise serve the next)."""
     with tempfile.TemporaryDirectory(prefix="kiln-shapes-") as tmp:
         out = os.path.join(tmp, "run.json")
+        os.makedirs(os.path.join(tmp, "temp"))
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
-                   TRITON_CACHE_DIR=os.path.join(tmp, "triton"))
+                   TRITON_CACHE_DIR=os.path.join(tmp, "triton"), TMPDIR=os.path.join(tmp, "temp"))
         command = [sys.executable, "-m", __name__, "--variant", name, "--model", model, "--size", size,
                    "--device", device, "--dtype", dtype, "--repeats", str(repeats), "--out", out]
         log(f"  {name}: in a new process, Inductor cache {env['TORCHINDUCTOR_CACHE_DIR']}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .. import compat
-from . import cpu_probe
+from . import cpu_probe, headers
 from . import key as cache_key
 from .options import CacheOptions
 from .entry import KEY_PATTERN
@@ -95,9 +95,11 @@ class GraphCache:
         store = self.store()
         if store is None:
             return self._without_cache(lower, label, key)
-        if str(fields.get("device", "")).startswith("cpu"):
+        on_cpu = str(fields.get("device", "")).startswith("cpu")
+        if on_cpu:
             # before Inductor's cache directory becomes the lowering's own
             cpu_probe.detect_cpu_vector_isa(store, use_stored=self.options.mode == "use")
+            headers.restore(store, use_stored=self.options.mode == "use")
         entry, reason = None, ""
         try:
             if self.options.mode == "use":
@@ -111,10 +113,14 @@ class GraphCache:
             self._disable_for(exc)
             return self._without_cache(lower, label, key)
         if entry is not None:
-            return self._lower_from(store, entry, work, lower, label)
-        compiled, name, seconds = _lower_in(work, lower)
-        outcome = "miss" if self.options.mode == "use" else "refresh"
-        return compiled, name, self._store_files(store, key, fields, work, seconds, outcome, reason)
+            lowered = self._lower_from(store, entry, work, lower, label)
+        else:
+            compiled, name, seconds = _lower_in(work, lower)
+            outcome = "miss" if self.options.mode == "use" else "refresh"
+            lowered = compiled, name, self._store_files(store, key, fields, work, seconds, outcome, reason)
+        if on_cpu:
+            headers.keep_new(store)  # built by this lowering (its first in the process, or after a clearing)
+        return lowered
 
     def _with_needed_files(self, store: CacheStore, entry: Entry) -> dict[str, bytes]:
         """The entry's files, and the kernel files of the entries it needs (NEEDS_FILE): the ones this

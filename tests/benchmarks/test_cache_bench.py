@@ -12,28 +12,29 @@ def args(**overrides):
     return argparse.Namespace(**base)
 
 
-def test_each_run_gets_a_fresh_inductor_dir_except_torch_compiles_warm(monkeypatch, capsys):
+def test_each_run_gets_fresh_inductor_and_temporary_dirs_except_torch_compiles_warm(monkeypatch, capsys):
     seen = []
     times = {"kiln cold": 100.0, "kiln warm": 8.0, "torch.compile cold": 60.0, "torch.compile warm": 9.0}
 
-    def fake_child(a, run, cache_dir, inductor_dir, log):
-        seen.append((run, cache_dir, inductor_dir))
+    def fake_child(a, run, cache_dir, inductor_dir, temp_dir, log):
+        seen.append((run, cache_dir, inductor_dir, temp_dir))
         return {"run": run, "first_step_s": times[run], "inductor": {}, "checksum": 1.5, "process_s": 1.0}
 
     monkeypatch.setattr(cache_bench, "_run_child", fake_child)
     assert cache_bench.main(args()) == 0
-    dirs = {run: inductor for run, _, inductor in seen}
-    assert [run for run, _, _ in seen] == list(cache_bench.RUNS)
-    assert dirs["torch.compile cold"] == dirs["torch.compile warm"]
-    assert len({dirs["kiln cold"], dirs["kiln warm"], dirs["torch.compile cold"]}) == 3
-    assert len({cache for _, cache, _ in seen}) == 1
+    assert [run for run, _, _, _ in seen] == list(cache_bench.RUNS)
+    for column in (2, 3):  # Inductor's cache directory; the temporary folder, where its headers live
+        dirs = {row[0]: row[column] for row in seen}
+        assert dirs["torch.compile cold"] == dirs["torch.compile warm"]
+        assert len({dirs["kiln cold"], dirs["kiln warm"], dirs["torch.compile cold"]}) == 3
+    assert len({cache for _, cache, _, _ in seen}) == 1
     out = capsys.readouterr().out
     assert "Kiln warm start: 8.0% of its cold compile (target <= 10%: met)" in out
     assert "0.89x torch.compile's warm start (target < 1: met)" in out
 
 
 def test_missed_targets_and_failed_runs_are_said(monkeypatch, capsys):
-    def fake_child(a, run, cache_dir, inductor_dir, log):
+    def fake_child(a, run, cache_dir, inductor_dir, temp_dir, log):
         if run == "torch.compile warm":
             return {"run": run, "error": "RuntimeError: boom", "process_s": 1.0}
         return {"run": run, "first_step_s": 50.0, "inductor": {}, "checksum": 1.0, "process_s": 1.0}

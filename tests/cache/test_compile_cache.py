@@ -2,6 +2,7 @@
 the next process loads it with no Inductor compile and the same output; another weight set of the
 same architecture hits and gives its own output; a changed Kiln option misses and says so; a region's
 graph, compiled by blocks, loads the same way."""
+import glob
 import json
 import os
 import subprocess
@@ -10,20 +11,34 @@ import sys
 import pytest
 import torch
 
-from kiln.compiler.cache import cpu_probe, entry_key
+from kiln.compiler import compat
+from kiln.compiler.cache import cpu_probe, entry_key, headers
 
 pytestmark = pytest.mark.slow
 
 CHILD = os.path.join(os.path.dirname(__file__), "cache_child.py")
 PROBE_ENTRY = entry_key(cpu_probe.probe_fields()) + ".kiln"  # Inductor's CPU probe, kept beside the graphs
+HEADER_ENTRY = entry_key(headers.header_fields()) + ".kiln"  # Inductor's precompiled headers, likewise
 
 
 def graph_entries(root) -> list[str]:
-    return [name for name in os.listdir(root / "cache" / "entries") if name != PROBE_ENTRY]
+    return [name for name in os.listdir(root / "cache" / "entries") if name not in (PROBE_ENTRY, HEADER_ENTRY)]
+
+
+def header_files(inductor_dir) -> dict[str, bytes]:
+    """What is in Inductor's header folder of the process that ran with `inductor_dir`."""
+    found = {}
+    for folder in glob.glob(os.path.join(f"{inductor_dir}-temp", "torchinductor_*", "precompiled_headers")):
+        for name in os.listdir(folder):
+            if os.path.isfile(os.path.join(folder, name)):
+                found[name] = open(os.path.join(folder, name), "rb").read()
+    return found
 
 
 def run(cache_dir, seed, out, switch="auto", inductor_dir=None, model="small") -> dict:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(inductor_dir))  # a fresh Inductor cache: only Kiln's can help
+    # a fresh Inductor cache and temporary folder (where Inductor keeps its precompiled headers): only Kiln's can help
+    os.makedirs(f"{inductor_dir}-temp")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(inductor_dir), TMPDIR=f"{inductor_dir}-temp")
     done = subprocess.run([sys.executable, CHILD, str(cache_dir), str(seed), str(out), switch, model], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -54,6 +69,18 @@ def test_a_fresh_process_loads_it_with_no_inductor_compile_and_the_same_output(c
     assert result["counts"]["fxgraph_cache_miss"] == 0 and result["counts"]["fxgraph_cache_hit"] == 1
     assert result["counts"]["autograd_cache_hit"] == 1 and result["counts"]["autograd_cache_miss"] == 0
     assert torch.equal(torch.load(root / "warm.pt"), torch.load(root / "cold.pt"))
+
+
+def test_a_fresh_temporary_folder_gets_inductors_headers_back_and_builds_none(cold):
+    """A restart after the temporary folder was cleared: the headers the cold process built are written
+    back from Kiln's cache, byte for byte, and Inductor builds no other (it names the one it needs)."""
+    root, _ = cold
+    if compat.inductor_header_dir() is None:
+        pytest.skip("this torch precompiles no headers")
+    built = header_files(root / "inductor-cold")
+    assert any(name.endswith(".gch") for name in built) and HEADER_ENTRY in os.listdir(root / "cache" / "entries")
+    run(root / "cache", 0, root / "headers.pt", inductor_dir=root / "inductor-headers")
+    assert header_files(root / "inductor-headers") == built
 
 
 def test_another_weight_set_of_the_architecture_hits_with_its_own_output(cold):

@@ -1,0 +1,241 @@
+"""Inductor's precompiled C++ headers under Kiln's cache: the headers a process built are kept as a
+signed entry and written back into Inductor's folder when a later process finds them gone (a cleared
+temporary folder), so it builds none; files already there are left as they are; a bad entry, a folder
+others could change, or torch without precompiled headers never stops a compile."""
+import logging
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kiln.compiler import compat
+from kiln.compiler.cache import CacheOptions, CacheStore, Entry, GraphCache, entry_key, headers
+
+HEADER, GCH = "cabc123.h", "cabc123.h.gch"
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    """Inductor's header folder, in a new process (nothing seen in it yet)."""
+    path = tmp_path / "torchinductor_me" / "precompiled_headers"
+    monkeypatch.setattr(compat, "inductor_header_dir", lambda: str(path))
+    monkeypatch.setattr(headers, "_found", None)
+    return path
+
+
+def new_process(monkeypatch):
+    monkeypatch.setattr(headers, "_found", None)
+
+
+def build(folder, name=GCH, data=b"a precompiled header", age=10.0):
+    """As Inductor's build would: a header file in its folder, last changed `age` seconds ago."""
+    os.makedirs(folder, exist_ok=True)
+    path = folder / name
+    path.write_bytes(data)
+    then = time.time() - age
+    os.utime(path, (then, then))
+
+
+def store(tmp_path) -> CacheStore:
+    return CacheOptions(dir=str(tmp_path / "cache")).open()
+
+
+def kept(tmp_path):
+    entry = store(tmp_path).read(entry_key(headers.header_fields()))
+    return None if entry is None else entry.files
+
+
+def test_headers_a_process_built_are_kept_and_written_back_when_gone(tmp_path, folder, monkeypatch, caplog):
+    headers.restore(store(tmp_path))
+    build(folder, HEADER, b"#include <torch/csrc/inductor/cpp_prefix.h>\n")
+    build(folder, GCH)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        headers.keep_new(store(tmp_path))
+    assert kept(tmp_path) == {HEADER: b"#include <torch/csrc/inductor/cpp_prefix.h>\n", GCH: b"a precompiled header"}
+    assert f"stored {HEADER}, {GCH} in Kiln's cache" in caplog.text
+
+    new_process(monkeypatch)  # after a reboot cleared the temporary folder
+    for name in (HEADER, GCH):
+        os.remove(folder / name)
+    os.rmdir(folder)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        headers.restore(store(tmp_path))
+    assert (folder / GCH).read_bytes() == b"a precompiled header" and (folder / HEADER).exists()
+    assert f"wrote {HEADER}, {GCH} back from Kiln's cache" in caplog.text
+    if os.name == "posix":
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700 and stat.S_IMODE(os.stat(folder / GCH).st_mode) == 0o600
+    assert not [name for name in os.listdir(folder) if name.startswith(".kiln-")]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        headers.keep_new(store(tmp_path))  # written back, not built: nothing new to store
+    assert "stored" not in caplog.text
+
+
+def test_once_a_process_and_headers_already_there_are_neither_replaced_nor_stored(tmp_path, folder, monkeypatch):
+    headers.restore(store(tmp_path))
+    build(folder, GCH, b"kept")
+    headers.keep_new(store(tmp_path))
+    new_process(monkeypatch)
+    build(folder, GCH, b"built by another process before this one")
+    build(folder, "cother.h.gch", b"another torch's")
+    headers.restore(store(tmp_path))
+    assert (folder / GCH).read_bytes() == b"built by another process before this one"
+    headers.keep_new(store(tmp_path))
+    assert kept(tmp_path) == {GCH: b"kept"}  # what was there before this process looked is not this process's
+    os.remove(folder / GCH)
+    headers.restore(store(tmp_path))  # once a process
+    assert not (folder / GCH).exists()
+
+
+def test_a_header_still_being_written_waits_for_the_next_look(tmp_path, folder):
+    headers.restore(store(tmp_path))
+    build(folder, GCH, age=0.0)
+    headers.keep_new(store(tmp_path))
+    assert kept(tmp_path) is None
+    build(folder, GCH, age=headers.SETTLE_SECONDS + 1)
+    headers.keep_new(store(tmp_path))
+    assert kept(tmp_path) == {GCH: b"a precompiled header"}
+
+
+def test_a_new_compiler_builds_another_header_which_replaces_the_entry(tmp_path, folder, monkeypatch):
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    headers.keep_new(store(tmp_path))
+    new_process(monkeypatch)
+    headers.restore(store(tmp_path))
+    build(folder, "cnewcompiler.h.gch", b"the new compiler's")  # Inductor's name hashes the compiler
+    headers.keep_new(store(tmp_path))
+    assert kept(tmp_path) == {"cnewcompiler.h.gch": b"the new compiler's"}
+
+
+@pytest.mark.parametrize("name", ["sub/inner.h", "kernel.so", ".h", "c" * 200 + ".h", "x.h\n", "../escape.h"])
+def test_a_signed_entry_with_a_name_that_is_not_a_headers_writes_nothing(tmp_path, folder, name, caplog):
+    store(tmp_path).write(Entry(key=entry_key(headers.header_fields()), fields=headers.header_fields(),
+                                files={GCH: b"fine", name: b"payload"}))
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        headers.restore(store(tmp_path))
+    if name.startswith(".."):  # refused by the entry's own checks, before it is read as headers
+        assert "names a file outside its directory" in caplog.text
+    else:
+        assert f"the entry's file {name[:80]!r} is not a header's name" in caplog.text
+        assert "were not written back" in caplog.text
+    assert not folder.exists() and not (tmp_path / "torchinductor_me" / "escape.h").exists()
+
+
+def test_a_tampered_entry_is_refused_and_removed(tmp_path, folder, monkeypatch, caplog):
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    headers.keep_new(store(tmp_path))
+    path = store(tmp_path).path(entry_key(headers.header_fields()))
+    data = open(path, "rb").read()
+    open(path, "wb").write(data.replace(b"a precompiled header", b"a planted header...."))
+    new_process(monkeypatch)
+    os.remove(folder / GCH)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        headers.restore(store(tmp_path))
+    assert "refused" in caplog.text and "none kept" in caplog.text
+    assert not (folder / GCH).exists() and not os.path.exists(path)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="owners and modes are POSIX's")
+def test_a_folder_others_can_write_is_neither_written_nor_read(tmp_path, folder, monkeypatch, caplog):
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    headers.keep_new(store(tmp_path))
+    new_process(monkeypatch)
+    os.remove(folder / GCH)
+    os.chmod(folder, 0o777)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        headers.restore(store(tmp_path))
+        build(folder, "cplanted.h.gch", b"someone else's")
+        headers.keep_new(store(tmp_path))
+    assert not (folder / GCH).exists() and "can be written by other users" in caplog.text
+    assert kept(tmp_path) == {GCH: b"a precompiled header"}  # the planted file was not signed as Kiln's
+
+
+@pytest.mark.skipif(os.name != "posix", reason="symbolic links")
+def test_a_folder_that_is_a_link_is_left_alone(tmp_path, folder, monkeypatch, caplog):
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    headers.keep_new(store(tmp_path))
+    new_process(monkeypatch)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.remove(folder / GCH)
+    os.rmdir(folder)
+    os.symlink(elsewhere, folder)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        headers.restore(store(tmp_path))
+    assert "is a symbolic link" in caplog.text and os.listdir(elsewhere) == []
+
+
+def test_refresh_writes_nothing_back(tmp_path, folder, monkeypatch):
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    headers.keep_new(store(tmp_path))
+    new_process(monkeypatch)
+    os.remove(folder / GCH)
+    headers.restore(store(tmp_path), use_stored=False)
+    assert not (folder / GCH).exists()
+
+
+def test_a_cache_that_cannot_be_written_still_compiles(tmp_path, folder, monkeypatch, caplog):
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    full = store(tmp_path)
+    monkeypatch.setattr(full, "write", lambda entry: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        headers.keep_new(full)
+    assert "were not stored (No space left on device)" in caplog.text
+
+
+def test_without_precompiled_headers_nothing_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(compat, "inductor_header_dir", lambda: None)
+    monkeypatch.setattr(headers, "_found", None)
+    headers.restore(store(tmp_path))
+    headers.keep_new(store(tmp_path))
+    assert kept(tmp_path) is None
+
+
+def test_inductors_folder_is_in_the_temporary_folder_not_its_cache_dir(tmp_path):
+    """Where a reboot clears it, and where Kiln's lowering, pointed at a folder of its own, does not move it."""
+    if compat.inductor_header_dir() is None:
+        pytest.skip("this torch precompiles no headers")
+    env = dict(os.environ, TMPDIR=str(tmp_path / "temp"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    os.makedirs(tmp_path / "temp")
+    done = subprocess.run([sys.executable, "-c", "from kiln.compiler import compat; print(compat.inductor_header_dir())"],
+                          env=env, capture_output=True, text=True, check=True)
+    path = done.stdout.strip().splitlines()[-1]
+    assert path.startswith(str(tmp_path / "temp")) and os.path.basename(path) == "precompiled_headers"
+
+
+def test_a_cpu_lowering_writes_the_headers_back_before_it_runs_and_keeps_those_it_built(tmp_path, folder,
+                                                                                         monkeypatch):
+    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)  # the CPU probe: not this test's
+    seen = []
+
+    def lowering():
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        seen.append(sorted(os.listdir(folder)) if folder.exists() else [])
+        if not (folder / GCH).exists():
+            build(folder, GCH)  # Inductor builds the header it lacks
+        path = os.path.join(cache_dir(), "fxgraph", "entry")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "w").write("compiled")
+        return (lambda x: x), "inductor"
+
+    fields = {"graph": "g1", "inputs": "i1", "options": "{}", "torch": "2.13", "label": "Tiny graph 0",
+              "device": "cpu (x86_64)"}
+    GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lowering, dict(fields))
+    assert kept(tmp_path) == {GCH: b"a precompiled header"}
+    new_process(monkeypatch)
+    os.remove(folder / GCH)
+    GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lowering, dict(fields, graph="g2"))
+    assert seen == [[], [GCH]]  # written back before the second lowering ran
+    GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lowering, dict(fields, graph="g3", device="cuda"))
+    assert len(seen) == 3
