@@ -368,11 +368,12 @@ def detect_cpu_vector_isa() -> None:
 def inductor_header_dir() -> Optional[str]:
     """The folder where Inductor keeps the precompiled C++ headers its CPU kernels are built with, or
     None where it precompiles none (`torch._inductor.codecache._HEADER_DIR`, used while
-    `cpp_cache_precompile_headers` is on; checked: torch 2.13 - 2.14): `precompiled_headers` in Inductor's
-    default folder in the system's temporary folder, whatever TORCHINDUCTOR_CACHE_DIR says."""
+    `cpp_cache_precompile_headers` is on, not on Windows; checked: torch 2.13 - 2.14):
+    `precompiled_headers` in Inductor's default folder in the system's temporary folder, whatever
+    TORCHINDUCTOR_CACHE_DIR says."""
     import torch._inductor.config as inductor_config
 
-    if not getattr(inductor_config, "cpp_cache_precompile_headers", False):
+    if sys.platform == "win32" or not getattr(inductor_config, "cpp_cache_precompile_headers", False):
         return None
     from torch._inductor import codecache
 

@@ -119,7 +119,7 @@ class GraphCache:
             outcome = "miss" if self.options.mode == "use" else "refresh"
             lowered = compiled, name, self._store_files(store, key, fields, work, seconds, outcome, reason)
         if on_cpu:
-            headers.keep_new(store)  # built by this lowering (its first in the process, or after a clearing)
+            headers.keep_new(store)  # a header that appeared meanwhile: most often built by this lowering
         return lowered
 
     def _with_needed_files(self, store: CacheStore, entry: Entry) -> dict[str, bytes]:

@@ -1,20 +1,21 @@
 """Inductor's precompiled C++ headers, kept in Kiln's cache.
 
-Inductor builds a CPU kernel with a precompiled header of torch's own headers (a `.gch` of about
+Inductor builds a CPU kernel with a precompiled header of torch's own headers (gcc's `.gch`, about
 150 MB, 5-7 s to build on a 2-core CPU), and before it loads a kernel, even one already built, it
 makes sure that header exists: a warm start from Kiln's cache builds it again whenever it is
 missing. Inductor keeps it in `torchinductor_<user>/precompiled_headers` in the system's temporary
 folder (compat.inductor_header_dir), whatever TORCHINDUCTOR_CACHE_DIR says, so after a reboot that
-clears it, or in a new container, every warm start paid those seconds. So Kiln keeps the headers a
-process built as one signed entry and, before a process's first CPU lowering, writes back those the
-folder lacks. Inductor's own names decide which header it uses (they hash the header's preprocessed
-text, the compiler flags and the compiler's version), so after an update it builds a new one, which
-then replaces the entry; a written-back file it does not name is never read.
+clears it, or in a new container, every warm start paid those seconds. So Kiln keeps the headers
+built while it ran as one signed entry and, before a process's first CPU lowering, writes back those
+the folder lacks. Inductor's own names decide which header it uses (they hash the header's
+preprocessed text, the compiler flags and the compiler's version), so after an update it builds a new
+one, which then replaces the entry; a written-back file it does not name is never read.
 
-What the folder held when Kiln first looked in this process is remembered for the process (the
-folder is the process's, like Inductor's answer to its CPU probe): the headers that appear after that
-were built by this process and are stored. A file still being written (changed in the last
-SETTLE_SECONDS) is left for the next look.
+The folder is shared by the user's processes. Kiln notes what it holds when it first looks in a
+process; a header that appears after that (built by this process's lowerings, or by another of the
+user's processes meanwhile) is stored with those the process wrote back or stored before, once gcc
+has finished it (a `.gch` being written does not start with gcc's mark yet). Only gcc's headers are
+kept: clang's are checked against the time of the header they were built from.
 """
 from __future__ import annotations
 
@@ -26,28 +27,33 @@ import stat
 import time
 from typing import Optional
 
+import torch
+
 from .. import compat
-from . import trust
 from .key import entry_key, environment_fields
 from .store import CacheStore, Entry, error_text, read_or_refuse
-from .trust import CacheError
 
 log = logging.getLogger("kiln")
 
 LABEL = "Inductor's precompiled C++ headers"
-NAME = re.compile(r"[A-Za-z0-9_]{1,128}\.h(\.gch)?")  # Inductor's: c<hash>.h and c<hash>.h.gch
-SETTLE_SECONDS = 2.0
+NAME = re.compile(r"[A-Za-z0-9_]{1,128}\.h\.gch")  # gcc's, beside Inductor's c<hash>.h
+GCC_MARK = b"gpch"  # how a finished .gch starts (gcc writes "gpcWrite" there until it is done)
+MAX_SHARE = 0.25  # of the cache's size cap: a larger header would push the compiled graphs out
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 _found: Optional[set[str]] = None  # the folder's headers when Kiln first looked in this process
+_kept: set[str] = set()  # the headers this process wrote back or stored: the entry's
+_said_clang = False
 
 
 def header_fields() -> dict:
-    """The entry's key fields: the machine, torch and Python (Inductor's names tell the compiler and
-    flags apart within them)."""
+    """The entry's key fields: the machine, torch (and where it is installed: the compiler's include
+    paths are part of a header's name) and Python."""
     environment = environment_fields("cpu")
     return {"precompiled_headers": "Inductor's C++ headers",
-            **{name: environment[name] for name in ("device", "torch", "python")}, "label": LABEL}
+            **{name: environment[name] for name in ("device", "torch", "python")},
+            "torch_dir": os.path.dirname(os.path.abspath(torch.__file__)), "label": LABEL}
 
 
 def restore(store: CacheStore, use_stored: bool = True) -> None:
@@ -58,61 +64,77 @@ def restore(store: CacheStore, use_stored: bool = True) -> None:
     if _found is not None:
         return
     folder = compat.inductor_header_dir()
+    _found = set()
     if folder is None:
-        _found = set()
         return
-    start = time.perf_counter()
-    entry, reason = (read_or_refuse(store, entry_key(header_fields()), "Inductor builds its headers")
-                     if use_stored else (None, ""))
-    if reason:
-        log.info("Kiln: %s: none kept (%s)", LABEL, reason)
-    if entry is not None:
-        try:
+    try:
+        start = time.perf_counter()
+        entry, reason = (read_or_refuse(store, entry_key(header_fields()), "Inductor builds its headers")
+                         if use_stored else (None, ""))
+        if reason:
+            log.info("Kiln: %s: none kept (%s)", LABEL, reason)
+        if entry is not None:
             written = _write_back(folder, entry.files)
-        except (CacheError, OSError, ValueError) as exc:
-            log.warning("Kiln: %s were not written back into %s (%s); Inductor builds what it lacks",
-                        LABEL, folder, error_text(exc))
-        else:
+            _kept.update(entry.files)
             if written:
                 log.info("Kiln: %s: wrote %s back from Kiln's cache into %s (%.1f MiB, %.1fs)", LABEL,
                          ", ".join(written), folder, sum(len(entry.files[n]) for n in written) / 2**20,
                          time.perf_counter() - start)
+    except Exception as exc:  # the cache never stops a compile
+        log.warning("Kiln: %s were not written back into %s (%s); Inductor builds what it lacks", LABEL, folder,
+                    _said(exc))
     _found = set(_headers_in(folder))
 
 
 def keep_new(store: CacheStore) -> None:
-    """After a CPU lowering: store the headers that appeared in Inductor's folder since `restore`
-    looked (this process built them), as the entry (replacing one kept for an older compiler)."""
-    global _found
+    """After a CPU lowering: when Inductor's folder holds a finished header that was not there when
+    `restore` looked, store it, with the others this process wrote back or stored, as the entry."""
     folder = compat.inductor_header_dir()
     if folder is None or _found is None or not os.path.isdir(folder):
         return
-    settled = time.time() - SETTLE_SECONDS
     try:
-        trust.check_parent_dirs(folder)  # what others could have put there is not signed as ours
-        trust.check_private(folder, "directory")
-        new = [name for name, changed in _headers_in(folder).items() if name not in _found and changed < settled]
-        if not new:
-            return
-        start = time.perf_counter()
-        files = {name: _read(os.path.join(folder, name)) for name in new}
-        size = store.write(Entry(key=entry_key(header_fields()), fields=header_fields(), files=files))
-        seconds = time.perf_counter() - start
-    except (CacheError, OSError) as exc:
-        log.info("Kiln: %s in %s were not stored (%s)", LABEL, folder, error_text(exc))
+        _keep_new(store, folder)
+    except Exception as exc:  # the cache never stops a compile, and never loses a finished lowering
+        log.info("Kiln: %s in %s were not stored (%s)", LABEL, folder, _said(exc))
+
+
+def _keep_new(store: CacheStore, folder: str) -> None:
+    global _said_clang
+    _check_folder(folder)  # what others could put there is not signed as the user's
+    present = _headers_in(folder)
+    new = [name for name in present
+           if name not in _found and name not in _kept and _finished(os.path.join(folder, name))]
+    if not _said_clang and any(name.endswith(".pch") for name in os.listdir(folder)):
+        _said_clang = True
+        log.info("Kiln: %s: clang's are not kept (clang checks them against the time of the header they were "
+                 "built from); a warm start after the temporary folder was cleared builds them again", LABEL)
+    if not new:
         return
-    _found |= set(new)
+    names = sorted(set(new) | (_kept & set(present)))
+    total = sum(os.lstat(os.path.join(folder, name)).st_size for name in names)
+    if total > store.max_bytes * MAX_SHARE:
+        _found.update(new)
+        log.info("Kiln: %s (%.1f MiB) are not stored: more than %d%% of the cache's size cap (max_gb), they would "
+                 "push compiled graphs out", LABEL, total / 2**20, MAX_SHARE * 100)
+        return
+    start = time.perf_counter()
+    files = {name: _read(os.path.join(folder, name), store.max_bytes) for name in names}
+    size = store.write(Entry(key=entry_key(header_fields()), fields=header_fields(), files=files))
+    _kept.update(names)
     log.info("Kiln: %s: stored %s in Kiln's cache (%.1f MiB, %.1fs): a later start writes them back if they "
-             "are gone", LABEL, ", ".join(sorted(new)), size / 2**20, seconds)
+             "are gone", LABEL, ", ".join(names), size / 2**20, time.perf_counter() - start)
 
 
 def _write_back(folder: str, files: dict[str, bytes]) -> list[str]:
-    """Write each of `files` that `folder` lacks (the folder made private if missing; never one that is
-    a link or that others could change); each appears whole or not at all. The names written."""
+    """Write each of `files` that `folder` lacks (the folder made, private, if missing; never into one
+    that is a link or that others could change), each whole or not at all, never over a file. The names
+    written."""
     bad = [name for name in files if not NAME.fullmatch(name)]
     if bad:
-        raise ValueError(f"the entry's file {bad[0][:80]!r} is not a header's name")
-    trust.ensure_private_dir(folder)
+        raise ValueError(f"the entry's file {bad[0][:80]!r} is not a precompiled header's name")
+    if not os.path.lexists(folder):
+        os.makedirs(folder, mode=0o700)
+    _check_folder(folder)
     written = []
     for name, data in sorted(files.items()):
         path = os.path.join(folder, name)
@@ -122,24 +144,42 @@ def _write_back(folder: str, files: dict[str, bytes]) -> list[str]:
         try:
             with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600), "wb") as f:
                 f.write(data)
-            os.replace(temp, path)
-        except BaseException:
+            os.link(temp, path)  # fails where a file appeared meanwhile: it is left as it is
+            written.append(name)
+        except FileExistsError:
+            pass
+        finally:
             try:
                 os.remove(temp)
             except OSError:
                 pass
-            raise
-        written.append(name)
     return written
 
 
-def _headers_in(folder: str) -> dict[str, float]:
-    """The regular files in `folder` named as headers, with when each last changed."""
+def _check_folder(folder: str) -> None:
+    """ValueError, saying why, unless `folder` and the folder above it (`torchinductor_<user>`) are real
+    folders of this user that no one else can write (POSIX; elsewhere Kiln does not check)."""
+    if os.name != "posix":
+        return
+    for path in (folder, os.path.dirname(folder)):
+        info = os.lstat(path)
+        mode = stat.S_IMODE(info.st_mode)
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            raise ValueError(f"Inductor's folder {path} is a symbolic link or not a folder")
+        if info.st_uid != os.getuid():
+            raise ValueError(f"Inductor's folder {path} belongs to uid {info.st_uid}, not to you")
+        if mode & 0o022:
+            raise ValueError(f"Inductor's folder {path} can be written by other users (mode {mode:04o}; "
+                             f"chmod go-w {path} lets Kiln keep its headers)")
+
+
+def _headers_in(folder: str) -> list[str]:
+    """The regular files in `folder` named as precompiled headers."""
     try:
         names = os.listdir(folder)
     except OSError:
-        return {}
-    found = {}
+        return []
+    found = []
     for name in names:
         if not NAME.fullmatch(name):
             continue
@@ -148,10 +188,27 @@ def _headers_in(folder: str) -> dict[str, float]:
         except OSError:
             continue
         if stat.S_ISREG(info.st_mode):
-            found[name] = info.st_mtime
+            found.append(name)
     return found
 
 
-def _read(path: str) -> bytes:
-    with open(os.open(path, os.O_RDONLY | _NOFOLLOW), "rb") as f:
-        return f.read()
+def _finished(path: str) -> bool:
+    """gcc has finished writing it: it starts with gcc's mark (a file being written starts "gpcWrite")."""
+    try:
+        with open(os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK), "rb") as f:
+            return f.read(len(GCC_MARK)) == GCC_MARK
+    except OSError:
+        return False
+
+
+def _read(path: str, limit: int) -> bytes:
+    """A regular file's bytes, at most `limit` of them (never through a link, never waiting on a pipe)."""
+    with open(os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK), "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            raise ValueError(f"{path} is not a regular file of at most {limit} bytes")
+        return f.read(info.st_size)
+
+
+def _said(exc: BaseException) -> str:
+    return error_text(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"

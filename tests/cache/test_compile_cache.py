@@ -5,6 +5,7 @@ graph, compiled by blocks, loads the same way."""
 import glob
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -37,7 +38,7 @@ def header_files(inductor_dir) -> dict[str, bytes]:
 
 def run(cache_dir, seed, out, switch="auto", inductor_dir=None, model="small") -> dict:
     # a fresh Inductor cache and temporary folder (where Inductor keeps its precompiled headers): only Kiln's can help
-    os.makedirs(f"{inductor_dir}-temp")
+    os.makedirs(f"{inductor_dir}-temp", mode=0o700)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(inductor_dir), TMPDIR=f"{inductor_dir}-temp")
     done = subprocess.run([sys.executable, CHILD, str(cache_dir), str(seed), str(out), switch, model], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -72,8 +73,9 @@ def test_a_fresh_process_loads_it_with_no_inductor_compile_and_the_same_output(c
 
 
 def test_a_fresh_temporary_folder_gets_inductors_headers_back_and_builds_none(cold):
-    """A restart after the temporary folder was cleared: the headers the cold process built are written
-    back from Kiln's cache, byte for byte, and Inductor builds no other (it names the one it needs)."""
+    """A restart after the temporary folder was cleared: the header the cold process built is written
+    back from Kiln's cache (as Kiln writes a file: 0600), byte for byte, and Inductor builds no other
+    (it names the one it needs)."""
     root, _ = cold
     if compat.inductor_header_dir() is None:
         pytest.skip("this torch precompiles no headers")
@@ -81,6 +83,9 @@ def test_a_fresh_temporary_folder_gets_inductors_headers_back_and_builds_none(co
     assert any(name.endswith(".gch") for name in built) and HEADER_ENTRY in os.listdir(root / "cache" / "entries")
     run(root / "cache", 0, root / "headers.pt", inductor_dir=root / "inductor-headers")
     assert header_files(root / "inductor-headers") == built
+    for path in glob.glob(os.path.join(f"{root / 'inductor-headers'}-temp", "torchinductor_*", "precompiled_headers",
+                                       "*.gch")):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # written back by Kiln, not built by gcc
 
 
 def test_another_weight_set_of_the_architecture_hits_with_its_own_output(cold):

@@ -7,7 +7,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -15,6 +14,7 @@ from kiln.compiler import compat
 from kiln.compiler.cache import CacheOptions, CacheStore, Entry, GraphCache, entry_key, headers
 
 HEADER, GCH = "cabc123.h", "cabc123.h.gch"
+DONE = b"gpch+014 a precompiled header"  # a finished .gch starts with gcc's mark
 
 
 @pytest.fixture
@@ -22,21 +22,19 @@ def folder(tmp_path, monkeypatch):
     """Inductor's header folder, in a new process (nothing seen in it yet)."""
     path = tmp_path / "torchinductor_me" / "precompiled_headers"
     monkeypatch.setattr(compat, "inductor_header_dir", lambda: str(path))
-    monkeypatch.setattr(headers, "_found", None)
+    new_process(monkeypatch)
     return path
 
 
 def new_process(monkeypatch):
     monkeypatch.setattr(headers, "_found", None)
+    monkeypatch.setattr(headers, "_kept", set())
 
 
-def build(folder, name=GCH, data=b"a precompiled header", age=10.0):
-    """As Inductor's build would: a header file in its folder, last changed `age` seconds ago."""
+def build(folder, name=GCH, data=DONE):
+    """As Inductor's build would: a header file in its folder."""
     os.makedirs(folder, exist_ok=True)
-    path = folder / name
-    path.write_bytes(data)
-    then = time.time() - age
-    os.utime(path, (then, then))
+    (folder / name).write_bytes(data)
 
 
 def store(tmp_path) -> CacheStore:
@@ -50,12 +48,11 @@ def kept(tmp_path):
 
 def test_headers_a_process_built_are_kept_and_written_back_when_gone(tmp_path, folder, monkeypatch, caplog):
     headers.restore(store(tmp_path))
-    build(folder, HEADER, b"#include <torch/csrc/inductor/cpp_prefix.h>\n")
+    build(folder, HEADER, b"#include <torch/csrc/inductor/cpp_prefix.h>\n")  # Inductor writes it again itself
     build(folder, GCH)
     with caplog.at_level(logging.INFO, logger="kiln"):
         headers.keep_new(store(tmp_path))
-    assert kept(tmp_path) == {HEADER: b"#include <torch/csrc/inductor/cpp_prefix.h>\n", GCH: b"a precompiled header"}
-    assert f"stored {HEADER}, {GCH} in Kiln's cache" in caplog.text
+    assert kept(tmp_path) == {GCH: DONE} and f"stored {GCH} in Kiln's cache" in caplog.text
 
     new_process(monkeypatch)  # after a reboot cleared the temporary folder
     for name in (HEADER, GCH):
@@ -64,28 +61,42 @@ def test_headers_a_process_built_are_kept_and_written_back_when_gone(tmp_path, f
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="kiln"):
         headers.restore(store(tmp_path))
-    assert (folder / GCH).read_bytes() == b"a precompiled header" and (folder / HEADER).exists()
-    assert f"wrote {HEADER}, {GCH} back from Kiln's cache" in caplog.text
+    assert (folder / GCH).read_bytes() == DONE and f"wrote {GCH} back from Kiln's cache" in caplog.text
     if os.name == "posix":
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700 and stat.S_IMODE(os.stat(folder / GCH).st_mode) == 0o600
-    assert not [name for name in os.listdir(folder) if name.startswith(".kiln-")]
+    assert os.listdir(folder) == [GCH]  # no temporary file left
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="kiln"):
         headers.keep_new(store(tmp_path))  # written back, not built: nothing new to store
     assert "stored" not in caplog.text
 
 
+def test_headers_built_by_separate_lowerings_are_all_kept(tmp_path, folder, monkeypatch):
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    headers.keep_new(store(tmp_path))
+    build(folder, "cwrapper.h.gch", b"gpch another header")
+    headers.keep_new(store(tmp_path))
+    assert kept(tmp_path) == {GCH: DONE, "cwrapper.h.gch": b"gpch another header"}
+    new_process(monkeypatch)
+    os.remove(folder / GCH)
+    headers.restore(store(tmp_path))
+    build(folder, "cthird.h.gch", b"gpch a third")
+    headers.keep_new(store(tmp_path))  # the written-back ones stay in the entry with the new one
+    assert sorted(kept(tmp_path)) == sorted([GCH, "cwrapper.h.gch", "cthird.h.gch"])
+
+
 def test_once_a_process_and_headers_already_there_are_neither_replaced_nor_stored(tmp_path, folder, monkeypatch):
     headers.restore(store(tmp_path))
-    build(folder, GCH, b"kept")
+    build(folder, GCH, b"gpch kept")
     headers.keep_new(store(tmp_path))
     new_process(monkeypatch)
-    build(folder, GCH, b"built by another process before this one")
-    build(folder, "cother.h.gch", b"another torch's")
+    build(folder, GCH, b"gpch built by another process before this one")
+    build(folder, "cother.h.gch", b"gpch another torch's")
     headers.restore(store(tmp_path))
-    assert (folder / GCH).read_bytes() == b"built by another process before this one"
+    assert (folder / GCH).read_bytes() == b"gpch built by another process before this one"
     headers.keep_new(store(tmp_path))
-    assert kept(tmp_path) == {GCH: b"kept"}  # what was there before this process looked is not this process's
+    assert kept(tmp_path) == {GCH: b"gpch kept"}  # what was there before this process looked is not this process's
     os.remove(folder / GCH)
     headers.restore(store(tmp_path))  # once a process
     assert not (folder / GCH).exists()
@@ -93,12 +104,24 @@ def test_once_a_process_and_headers_already_there_are_neither_replaced_nor_store
 
 def test_a_header_still_being_written_waits_for_the_next_look(tmp_path, folder):
     headers.restore(store(tmp_path))
-    build(folder, GCH, age=0.0)
+    build(folder, GCH, b"gpcWrite half of a header")  # gcc marks it finished last
     headers.keep_new(store(tmp_path))
     assert kept(tmp_path) is None
-    build(folder, GCH, age=headers.SETTLE_SECONDS + 1)
+    build(folder, GCH)
     headers.keep_new(store(tmp_path))
-    assert kept(tmp_path) == {GCH: b"a precompiled header"}
+    assert kept(tmp_path) == {GCH: DONE}
+
+
+@pytest.mark.skipif(os.name != "posix", reason="links and pipes")
+def test_a_link_or_a_pipe_named_as_a_header_is_not_read(tmp_path, folder):
+    headers.restore(store(tmp_path))
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"gpch not a header")
+    os.makedirs(folder, exist_ok=True)
+    os.symlink(secret, folder / "clink.h.gch")
+    os.mkfifo(folder / "cpipe.h.gch")
+    headers.keep_new(store(tmp_path))
+    assert kept(tmp_path) is None
 
 
 def test_a_new_compiler_builds_another_header_which_replaces_the_entry(tmp_path, folder, monkeypatch):
@@ -107,12 +130,14 @@ def test_a_new_compiler_builds_another_header_which_replaces_the_entry(tmp_path,
     headers.keep_new(store(tmp_path))
     new_process(monkeypatch)
     headers.restore(store(tmp_path))
-    build(folder, "cnewcompiler.h.gch", b"the new compiler's")  # Inductor's name hashes the compiler
+    os.remove(folder / GCH)  # gone with the old compiler's temporary folder
+    build(folder, "cnewcompiler.h.gch", b"gpch the new compiler's")  # Inductor's name hashes the compiler
     headers.keep_new(store(tmp_path))
-    assert kept(tmp_path) == {"cnewcompiler.h.gch": b"the new compiler's"}
+    assert kept(tmp_path) == {"cnewcompiler.h.gch": b"gpch the new compiler's"}
 
 
-@pytest.mark.parametrize("name", ["sub/inner.h", "kernel.so", ".h", "c" * 200 + ".h", "x.h\n", "../escape.h"])
+@pytest.mark.parametrize("name", ["sub/inner.h.gch", "kernel.so", "cabc.h", ".h.gch", "c" * 200 + ".h.gch",
+                                  "x.h.gch\n", "../escape.h.gch"])
 def test_a_signed_entry_with_a_name_that_is_not_a_headers_writes_nothing(tmp_path, folder, name, caplog):
     store(tmp_path).write(Entry(key=entry_key(headers.header_fields()), fields=headers.header_fields(),
                                 files={GCH: b"fine", name: b"payload"}))
@@ -121,9 +146,9 @@ def test_a_signed_entry_with_a_name_that_is_not_a_headers_writes_nothing(tmp_pat
     if name.startswith(".."):  # refused by the entry's own checks, before it is read as headers
         assert "names a file outside its directory" in caplog.text
     else:
-        assert f"the entry's file {name[:80]!r} is not a header's name" in caplog.text
+        assert f"the entry's file {name[:80]!r} is not a precompiled header's name" in caplog.text
         assert "were not written back" in caplog.text
-    assert not folder.exists() and not (tmp_path / "torchinductor_me" / "escape.h").exists()
+    assert not folder.exists() and not (tmp_path / "torchinductor_me" / "escape.h.gch").exists()
 
 
 def test_a_tampered_entry_is_refused_and_removed(tmp_path, folder, monkeypatch, caplog):
@@ -132,7 +157,7 @@ def test_a_tampered_entry_is_refused_and_removed(tmp_path, folder, monkeypatch, 
     headers.keep_new(store(tmp_path))
     path = store(tmp_path).path(entry_key(headers.header_fields()))
     data = open(path, "rb").read()
-    open(path, "wb").write(data.replace(b"a precompiled header", b"a planted header...."))
+    open(path, "wb").write(data.replace(DONE, b"gpch+014 a planted header..."[:len(DONE)]))
     new_process(monkeypatch)
     os.remove(folder / GCH)
     with caplog.at_level(logging.INFO, logger="kiln"):
@@ -151,26 +176,52 @@ def test_a_folder_others_can_write_is_neither_written_nor_read(tmp_path, folder,
     os.chmod(folder, 0o777)
     with caplog.at_level(logging.INFO, logger="kiln"):
         headers.restore(store(tmp_path))
-        build(folder, "cplanted.h.gch", b"someone else's")
+        build(folder, "cplanted.h.gch", b"gpch someone else's")
         headers.keep_new(store(tmp_path))
-    assert not (folder / GCH).exists() and "can be written by other users" in caplog.text
-    assert kept(tmp_path) == {GCH: b"a precompiled header"}  # the planted file was not signed as Kiln's
+    assert not (folder / GCH).exists() and "can be written by other users (mode 0777" in caplog.text
+    assert kept(tmp_path) == {GCH: DONE}  # the planted file was not signed as the user's
 
 
 @pytest.mark.skipif(os.name != "posix", reason="symbolic links")
-def test_a_folder_that_is_a_link_is_left_alone(tmp_path, folder, monkeypatch, caplog):
+@pytest.mark.parametrize("linked", ["folder", "parent"])
+def test_a_folder_that_is_a_link_is_left_alone(tmp_path, folder, monkeypatch, caplog, linked):
     headers.restore(store(tmp_path))
     build(folder, GCH)
     headers.keep_new(store(tmp_path))
     new_process(monkeypatch)
     elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
     os.remove(folder / GCH)
-    os.rmdir(folder)
-    os.symlink(elsewhere, folder)
+    if linked == "folder":
+        elsewhere.mkdir()
+        os.rmdir(folder)
+        os.symlink(elsewhere, folder)
+    else:
+        os.rename(folder.parent, elsewhere)
+        os.symlink(elsewhere, folder.parent)
     with caplog.at_level(logging.WARNING, logger="kiln"):
         headers.restore(store(tmp_path))
-    assert "is a symbolic link" in caplog.text and os.listdir(elsewhere) == []
+    assert "is a symbolic link or not a folder" in caplog.text
+    assert [name for _, _, names in os.walk(elsewhere) for name in names] == []
+
+
+def test_a_header_that_appears_while_kiln_writes_is_left_as_it_is(tmp_path, folder, monkeypatch):
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    headers.keep_new(store(tmp_path))
+    new_process(monkeypatch)
+    os.remove(folder / GCH)
+    real = os.path.lexists
+
+    def appears(path):  # after Kiln looked, before it writes: another process built it
+        if str(path).endswith(GCH) and not real(path):
+            build(folder, GCH, b"gpch built meanwhile")
+            return False
+        return real(path)
+
+    monkeypatch.setattr(headers.os.path, "lexists", appears)
+    headers.restore(store(tmp_path))
+    monkeypatch.undo()
+    assert (folder / GCH).read_bytes() == b"gpch built meanwhile" and os.listdir(folder) == [GCH]
 
 
 def test_refresh_writes_nothing_back(tmp_path, folder, monkeypatch):
@@ -193,9 +244,30 @@ def test_a_cache_that_cannot_be_written_still_compiles(tmp_path, folder, monkeyp
     assert "were not stored (No space left on device)" in caplog.text
 
 
+def test_an_unexpected_failure_is_said_and_the_lowering_goes_on(tmp_path, folder, monkeypatch, caplog):
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    monkeypatch.setattr(headers, "_read", lambda path, limit: (_ for _ in ()).throw(MemoryError("out of memory")))
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        headers.keep_new(store(tmp_path))
+    assert "were not stored (MemoryError: out of memory)" in caplog.text
+
+
+def test_headers_too_large_for_the_caches_size_cap_are_not_stored(tmp_path, folder, caplog):
+    small = CacheOptions(dir=str(tmp_path / "cache"), max_gb=1000 / 2**30).open()  # 1000 bytes
+    small.write(Entry(key="a" * 32, fields={"graph": "g"}, files={"fxgraph/x": b"compiled"}))
+    headers.restore(small)
+    build(folder, GCH, b"gpch" + b"x" * 300)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        headers.keep_new(small)
+        headers.keep_new(small)
+    assert caplog.text.count("are not stored: more than 25% of the cache's size cap") == 1
+    assert kept(tmp_path) is None and small.read("a" * 32) is not None  # the compiled graph stays
+
+
 def test_without_precompiled_headers_nothing_is_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(compat, "inductor_header_dir", lambda: None)
-    monkeypatch.setattr(headers, "_found", None)
+    new_process(monkeypatch)
     headers.restore(store(tmp_path))
     headers.keep_new(store(tmp_path))
     assert kept(tmp_path) is None
@@ -232,10 +304,12 @@ def test_a_cpu_lowering_writes_the_headers_back_before_it_runs_and_keeps_those_i
     fields = {"graph": "g1", "inputs": "i1", "options": "{}", "torch": "2.13", "label": "Tiny graph 0",
               "device": "cpu (x86_64)"}
     GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lowering, dict(fields))
-    assert kept(tmp_path) == {GCH: b"a precompiled header"}
+    assert kept(tmp_path) == {GCH: DONE}
     new_process(monkeypatch)
     os.remove(folder / GCH)
     GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lowering, dict(fields, graph="g2"))
     assert seen == [[], [GCH]]  # written back before the second lowering ran
+    before = (sorted(os.listdir(folder)), kept(tmp_path))
+    build(folder, "cnew.h.gch", b"gpch built by no CPU lowering")
     GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lowering, dict(fields, graph="g3", device="cuda"))
-    assert len(seen) == 3
+    assert len(seen) == 3 and kept(tmp_path) == before[1]  # a CUDA lowering neither writes back nor stores
