@@ -41,6 +41,15 @@ def store(tmp_path) -> CacheStore:
     return CacheOptions(dir=str(tmp_path / "cache")).open()
 
 
+def kept_then_gone(tmp_path, folder, monkeypatch):
+    """A header one process built and kept; the next process, whose folder lost it, has not looked yet."""
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    headers.keep_new(store(tmp_path))
+    new_process(monkeypatch)
+    os.remove(folder / GCH)
+
+
 def kept(tmp_path):
     entry = store(tmp_path).read(entry_key(headers.header_fields()))
     return None if entry is None else entry.files
@@ -168,11 +177,7 @@ def test_a_tampered_entry_is_refused_and_removed(tmp_path, folder, monkeypatch, 
 
 @pytest.mark.skipif(os.name != "posix", reason="owners and modes are POSIX's")
 def test_a_folder_others_can_write_is_neither_written_nor_read(tmp_path, folder, monkeypatch, caplog):
-    headers.restore(store(tmp_path))
-    build(folder, GCH)
-    headers.keep_new(store(tmp_path))
-    new_process(monkeypatch)
-    os.remove(folder / GCH)
+    kept_then_gone(tmp_path, folder, monkeypatch)
     os.chmod(folder, 0o777)
     with caplog.at_level(logging.INFO, logger="kiln"):
         headers.restore(store(tmp_path))
@@ -205,11 +210,7 @@ def test_a_folder_that_is_a_link_is_left_alone(tmp_path, folder, monkeypatch, ca
 
 
 def test_a_header_that_appears_while_kiln_writes_is_left_as_it_is(tmp_path, folder, monkeypatch):
-    headers.restore(store(tmp_path))
-    build(folder, GCH)
-    headers.keep_new(store(tmp_path))
-    new_process(monkeypatch)
-    os.remove(folder / GCH)
+    kept_then_gone(tmp_path, folder, monkeypatch)
     real = os.path.lexists
 
     def appears(path):  # after Kiln looked, before it writes: another process built it
@@ -225,11 +226,7 @@ def test_a_header_that_appears_while_kiln_writes_is_left_as_it_is(tmp_path, fold
 
 
 def test_refresh_writes_nothing_back(tmp_path, folder, monkeypatch):
-    headers.restore(store(tmp_path))
-    build(folder, GCH)
-    headers.keep_new(store(tmp_path))
-    new_process(monkeypatch)
-    os.remove(folder / GCH)
+    kept_then_gone(tmp_path, folder, monkeypatch)
     headers.restore(store(tmp_path), use_stored=False)
     assert not (folder / GCH).exists()
 
