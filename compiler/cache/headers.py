@@ -6,16 +6,18 @@ makes sure that header exists: a warm start from Kiln's cache builds it again wh
 missing. Inductor keeps it in `torchinductor_<user>/precompiled_headers` in the system's temporary
 folder (compat.inductor_header_dir), whatever TORCHINDUCTOR_CACHE_DIR says, so after a reboot that
 clears it, or in a new container, every warm start paid those seconds. So Kiln keeps the headers
-built while it ran as one signed entry and, before a process's first CPU lowering, writes back those
-the folder lacks. Inductor's own names decide which header it uses (they hash the header's
-preprocessed text, the compiler flags and the compiler's version), so after an update it builds a new
-one, which then replaces the entry; a written-back file it does not name is never read.
+built while it ran as one signed entry per cache and, before a process's first CPU lowering with that
+cache, writes back those the folder lacks. Inductor's own names decide which header it uses (they hash
+the header's preprocessed text, the compiler flags and the compiler's version); a written-back file it
+does not name is never read.
 
 The folder is shared by the user's processes. Kiln notes what it holds when it first looks in a
 process; a header that appears after that (built by this process's lowerings, or by another of the
-user's processes meanwhile) is stored with those the process wrote back or stored before, once gcc
-has finished it (a `.gch` being written does not start with gcc's mark yet). Only gcc's headers are
-kept: clang's are checked against the time of the header they were built from.
+user's processes meanwhile) is stored once gcc has finished it (a `.gch` being written does not start
+with gcc's mark yet), together with the written-back headers Inductor asked for since: Inductor
+writes a header's small `.h` beside it whenever it asks for it, and Kiln writes back only the `.gch`,
+so one left without its `.h` (an older compiler's, after an update) drops out of the entry. Only
+gcc's headers are kept: clang's are checked against the time of the header they were built from.
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 _found: Optional[set[str]] = None  # the folder's headers when Kiln first looked in this process
-_kept: set[str] = set()  # the headers this process wrote back or stored: the entry's
+_kept: dict[str, set[str]] = {}  # per cache (its root): the headers this process wrote back from it or stored
+_refused = ""  # why the folder cannot be used (said once)
 _said_clang = False
 
 
@@ -57,72 +60,103 @@ def header_fields() -> dict:
 
 
 def restore(store: CacheStore, use_stored: bool = True) -> None:
-    """Once a process, before its first CPU lowering: write into Inductor's header folder the kept
-    headers it lacks (none with `use_stored` False: the cache's refresh mode), then note what it holds.
-    Nothing here stops a compile: whatever fails costs the header's build, said in the log."""
+    """Once a process for each cache, before its first CPU lowering with it: write into Inductor's
+    header folder the headers kept there that the folder lacks (none with `use_stored` False: the
+    cache's refresh mode). The first call also notes what the folder holds. Nothing here stops a
+    compile: whatever fails costs the header's build, said in the log."""
     global _found
-    if _found is not None:
+    if store.root in _kept:
         return
-    folder = compat.inductor_header_dir()
-    _found = set()
-    if folder is None:
+    _kept[store.root] = set()
+    try:
+        folder = compat.inductor_header_dir()
+        if folder is None:
+            _found = set() if _found is None else _found
+            return
+        if use_stored:
+            _restore_from(store, folder)
+        if _found is None:
+            _found = set(_headers_in(folder))
+    except Exception as exc:  # the cache never stops a compile
+        log.warning("Kiln: %s were not written back (%s); Inductor builds what it lacks", LABEL, _said(exc))
+        _found = set() if _found is None else _found
+
+
+def _restore_from(store: CacheStore, folder: str) -> None:
+    start = time.perf_counter()
+    entry, reason = read_or_refuse(store, entry_key(header_fields()), "Inductor builds its headers")
+    if reason:
+        log.info("Kiln: %s: none kept (%s)", LABEL, reason)
+    if entry is None:
         return
     try:
-        start = time.perf_counter()
-        entry, reason = (read_or_refuse(store, entry_key(header_fields()), "Inductor builds its headers")
-                         if use_stored else (None, ""))
-        if reason:
-            log.info("Kiln: %s: none kept (%s)", LABEL, reason)
-        if entry is not None:
-            written = _write_back(folder, entry.files)
-            _kept.update(entry.files)
-            if written:
-                log.info("Kiln: %s: wrote %s back from Kiln's cache into %s (%.1f MiB, %.1fs)", LABEL,
-                         ", ".join(written), folder, sum(len(entry.files[n]) for n in written) / 2**20,
-                         time.perf_counter() - start)
-    except Exception as exc:  # the cache never stops a compile
-        log.warning("Kiln: %s were not written back into %s (%s); Inductor builds what it lacks", LABEL, folder,
-                    _said(exc))
-    _found = set(_headers_in(folder))
+        written = _write_back(folder, entry.files)
+    except FolderRefused as exc:
+        _refuse(str(exc))
+        return
+    except ValueError as exc:  # a newer header stored by this process replaces the entry
+        log.warning("Kiln: %s were not written back (%s); Inductor builds what it lacks", LABEL, exc)
+        return
+    _kept[store.root].update(entry.files)
+    if _found is not None:
+        _found.update(written)  # Kiln's own writing, not a header that appeared
+    if written:
+        log.info("Kiln: %s: wrote %s back from Kiln's cache into %s (%.1f MiB, %.1fs)", LABEL, ", ".join(written),
+                 folder, sum(len(entry.files[n]) for n in written) / 2**20, time.perf_counter() - start)
 
 
 def keep_new(store: CacheStore) -> None:
     """After a CPU lowering: when Inductor's folder holds a finished header that was not there when
-    `restore` looked, store it, with the others this process wrote back or stored, as the entry."""
-    folder = compat.inductor_header_dir()
-    if folder is None or _found is None or not os.path.isdir(folder):
-        return
+    Kiln first looked, store it as the cache's entry, with the written-back ones Inductor asked for."""
     try:
+        folder = compat.inductor_header_dir()
+        if folder is None or _found is None or _refused or store.root not in _kept or not os.path.isdir(folder):
+            return
         _keep_new(store, folder)
     except Exception as exc:  # the cache never stops a compile, and never loses a finished lowering
-        log.info("Kiln: %s in %s were not stored (%s)", LABEL, folder, _said(exc))
+        log.info("Kiln: %s were not stored (%s)", LABEL, _said(exc))
 
 
 def _keep_new(store: CacheStore, folder: str) -> None:
     global _said_clang
-    _check_folder(folder)  # what others could put there is not signed as the user's
-    present = _headers_in(folder)
-    new = [name for name in present
-           if name not in _found and name not in _kept and _finished(os.path.join(folder, name))]
+    try:
+        _check_folder(folder)  # what others could put there is not signed as the user's
+    except FolderRefused as exc:
+        _refuse(str(exc))
+        return
+    present = set(_headers_in(folder))
+    kept = _kept[store.root]
+    new = sorted(name for name in present - _found - kept if _finished(os.path.join(folder, name)))
     if not _said_clang and any(name.endswith(".pch") for name in os.listdir(folder)):
         _said_clang = True
         log.info("Kiln: %s: clang's are not kept (clang checks them against the time of the header they were "
                  "built from); a warm start after the temporary folder was cleared builds them again", LABEL)
     if not new:
         return
-    names = sorted(set(new) | (_kept & set(present)))
-    total = sum(os.lstat(os.path.join(folder, name)).st_size for name in names)
-    if total > store.max_bytes * MAX_SHARE:
-        _found.update(new)
+    _found.update(new)  # looked at once: a header that cannot be stored is not read again at every lowering
+    asked = [name for name in sorted(kept & present) if os.path.exists(os.path.join(folder, name[:-len(".gch")]))]
+    share = int(store.max_bytes * MAX_SHARE)
+    total = sum(os.lstat(os.path.join(folder, name)).st_size for name in new + asked)
+    if total > share:
         log.info("Kiln: %s (%.1f MiB) are not stored: more than %d%% of the cache's size cap (max_gb), they would "
                  "push compiled graphs out", LABEL, total / 2**20, MAX_SHARE * 100)
         return
     start = time.perf_counter()
-    files = {name: _read(os.path.join(folder, name), store.max_bytes) for name in names}
+    files = {}
+    for name in new + asked:
+        files[name] = _read(os.path.join(folder, name), share - sum(map(len, files.values())))
     size = store.write(Entry(key=entry_key(header_fields()), fields=header_fields(), files=files))
-    _kept.update(names)
+    _kept[store.root] = set(files)
     log.info("Kiln: %s: stored %s in Kiln's cache (%.1f MiB, %.1fs): a later start writes them back if they "
-             "are gone", LABEL, ", ".join(names), size / 2**20, time.perf_counter() - start)
+             "are gone", LABEL, ", ".join(sorted(files)), size / 2**20, time.perf_counter() - start)
+
+
+def _refuse(why: str) -> None:
+    """The folder cannot be used: said once; nothing is written into it or stored from it from now on."""
+    global _refused
+    if not _refused:
+        _refused = why
+        log.warning("Kiln: %s are not kept (%s); Inductor builds them where they are missing", LABEL, why)
 
 
 def _write_back(folder: str, files: dict[str, bytes]) -> list[str]:
@@ -132,8 +166,9 @@ def _write_back(folder: str, files: dict[str, bytes]) -> list[str]:
     bad = [name for name in files if not NAME.fullmatch(name)]
     if bad:
         raise ValueError(f"the entry's file {bad[0][:80]!r} is not a precompiled header's name")
-    if not os.path.lexists(folder):
-        os.makedirs(folder, mode=0o700)
+    for path in (os.path.dirname(folder), folder):  # each made private: makedirs' mode is the last folder's only
+        if not os.path.lexists(path):
+            os.mkdir(path, 0o700)
     _check_folder(folder)
     written = []
     for name, data in sorted(files.items()):
@@ -156,8 +191,12 @@ def _write_back(folder: str, files: dict[str, bytes]) -> list[str]:
     return written
 
 
+class FolderRefused(ValueError):
+    """Inductor's header folder is not one Kiln writes into or stores from; the message says why."""
+
+
 def _check_folder(folder: str) -> None:
-    """ValueError, saying why, unless `folder` and the folder above it (`torchinductor_<user>`) are real
+    """FolderRefused, saying why, unless `folder` and the folder above it (`torchinductor_<user>`) are real
     folders of this user that no one else can write (POSIX; elsewhere Kiln does not check)."""
     if os.name != "posix":
         return
@@ -165,11 +204,11 @@ def _check_folder(folder: str) -> None:
         info = os.lstat(path)
         mode = stat.S_IMODE(info.st_mode)
         if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-            raise ValueError(f"Inductor's folder {path} is a symbolic link or not a folder")
+            raise FolderRefused(f"Inductor's folder {path} is a symbolic link or not a folder")
         if info.st_uid != os.getuid():
-            raise ValueError(f"Inductor's folder {path} belongs to uid {info.st_uid}, not to you")
+            raise FolderRefused(f"Inductor's folder {path} belongs to uid {info.st_uid}, not to you")
         if mode & 0o022:
-            raise ValueError(f"Inductor's folder {path} can be written by other users (mode {mode:04o}; "
+            raise FolderRefused(f"Inductor's folder {path} can be written by other users (mode {mode:04o}; "
                              f"chmod go-w {path} lets Kiln keep its headers)")
 
 

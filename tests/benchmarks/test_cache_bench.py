@@ -56,3 +56,21 @@ def test_kiln_bench_cache_runs_it(monkeypatch):
     called = []
     monkeypatch.setattr(cache_bench, "main", lambda a: called.append((a.model, a.size)) or 0)
     assert main(["bench", "--cache", "--size", "tiny"]) == 0 and called == [("sd15", "tiny")]
+
+
+def test_a_child_runs_with_its_inductor_dir_and_temporary_folder(monkeypatch, tmp_path):
+    import json
+    import subprocess
+
+    ran = []
+
+    def fake_run(command, env, **kwargs):
+        ran.append(env)
+        return subprocess.CompletedProcess(command, 0, stdout=json.dumps({"run": "kiln warm", "first_step_s": 1.0}))
+
+    monkeypatch.setattr(cache_bench.subprocess, "run", fake_run)
+    a = args(cache_mode="balanced")
+    cache_bench._run_child(a, "kiln warm", str(tmp_path / "c"), str(tmp_path / "i"), str(tmp_path / "t"), lambda _: None)
+    (env,) = ran
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "i") and env["TMPDIR"] == str(tmp_path / "t")
+    assert (tmp_path / "t").is_dir()  # made for it: a TMPDIR that does not exist is ignored

@@ -27,14 +27,20 @@ def folder(tmp_path, monkeypatch):
 
 
 def new_process(monkeypatch):
-    monkeypatch.setattr(headers, "_found", None)
-    monkeypatch.setattr(headers, "_kept", set())
+    for name, value in (("_found", None), ("_kept", {}), ("_refused", ""), ("_said_clang", False)):
+        monkeypatch.setattr(headers, name, value)
 
 
 def build(folder, name=GCH, data=DONE):
-    """As Inductor's build would: a header file in its folder."""
-    os.makedirs(folder, exist_ok=True)
+    """As Inductor's build does: a precompiled header in its folder, beside the `.h` it asked for."""
+    ask(folder, name)
     (folder / name).write_bytes(data)
+
+
+def ask(folder, name=GCH):
+    """As Inductor does whenever it asks for a header, built or not: it writes the header's `.h`."""
+    os.makedirs(folder, exist_ok=True)
+    (folder / name[:-len(".gch")]).write_bytes(b"#include <torch/csrc/inductor/cpp_prefix.h>\n")
 
 
 def store(tmp_path) -> CacheStore:
@@ -42,12 +48,17 @@ def store(tmp_path) -> CacheStore:
 
 
 def kept_then_gone(tmp_path, folder, monkeypatch):
-    """A header one process built and kept; the next process, whose folder lost it, has not looked yet."""
+    """A header one process built and kept; the next process, whose folder was cleared, has not looked yet."""
     headers.restore(store(tmp_path))
     build(folder, GCH)
     headers.keep_new(store(tmp_path))
     new_process(monkeypatch)
-    os.remove(folder / GCH)
+    clear(folder)
+
+
+def clear(folder):
+    for name in os.listdir(folder):
+        os.remove(folder / name)
 
 
 def kept(tmp_path):
@@ -57,7 +68,6 @@ def kept(tmp_path):
 
 def test_headers_a_process_built_are_kept_and_written_back_when_gone(tmp_path, folder, monkeypatch, caplog):
     headers.restore(store(tmp_path))
-    build(folder, HEADER, b"#include <torch/csrc/inductor/cpp_prefix.h>\n")  # Inductor writes it again itself
     build(folder, GCH)
     with caplog.at_level(logging.INFO, logger="kiln"):
         headers.keep_new(store(tmp_path))
@@ -67,13 +77,17 @@ def test_headers_a_process_built_are_kept_and_written_back_when_gone(tmp_path, f
     for name in (HEADER, GCH):
         os.remove(folder / name)
     os.rmdir(folder)
+    os.rmdir(folder.parent)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="kiln"):
         headers.restore(store(tmp_path))
     assert (folder / GCH).read_bytes() == DONE and f"wrote {GCH} back from Kiln's cache" in caplog.text
     if os.name == "posix":
-        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700 and stat.S_IMODE(os.stat(folder / GCH).st_mode) == 0o600
-    assert os.listdir(folder) == [GCH]  # no temporary file left
+        for path in (folder.parent, folder):
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(folder / GCH).st_mode) == 0o600
+    assert os.listdir(folder) == [GCH]  # no temporary file left, and only the .gch: Inductor writes its .h
+    ask(folder)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="kiln"):
         headers.keep_new(store(tmp_path))  # written back, not built: nothing new to store
@@ -88,14 +102,32 @@ def test_headers_built_by_separate_lowerings_are_all_kept(tmp_path, folder, monk
     headers.keep_new(store(tmp_path))
     assert kept(tmp_path) == {GCH: DONE, "cwrapper.h.gch": b"gpch another header"}
     new_process(monkeypatch)
-    os.remove(folder / GCH)
+    clear(folder)
     headers.restore(store(tmp_path))
+    ask(folder, GCH)
+    ask(folder, "cwrapper.h.gch")
     build(folder, "cthird.h.gch", b"gpch a third")
-    headers.keep_new(store(tmp_path))  # the written-back ones stay in the entry with the new one
+    headers.keep_new(store(tmp_path))  # the written-back ones Inductor asked for stay, with the new one
     assert sorted(kept(tmp_path)) == sorted([GCH, "cwrapper.h.gch", "cthird.h.gch"])
 
 
-def test_once_a_process_and_headers_already_there_are_neither_replaced_nor_stored(tmp_path, folder, monkeypatch):
+def test_an_older_compilers_header_drops_out_after_an_update(tmp_path, folder, monkeypatch):
+    """After a compiler update and a clearing: the old header is written back (Kiln cannot know it is
+    stale), Inductor asks for and builds the new compiler's, and the entry keeps only that one."""
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    headers.keep_new(store(tmp_path))
+    new_process(monkeypatch)
+    clear(folder)
+    headers.restore(store(tmp_path))
+    assert os.listdir(folder) == [GCH]
+    build(folder, "cnewcompiler.h.gch", b"gpch the new compiler's")  # Inductor's name hashes the compiler
+    headers.keep_new(store(tmp_path))
+    assert kept(tmp_path) == {"cnewcompiler.h.gch": b"gpch the new compiler's"}
+
+
+def test_headers_already_there_are_neither_replaced_nor_stored_and_each_cache_is_restored_once(
+        tmp_path, folder, monkeypatch):
     headers.restore(store(tmp_path))
     build(folder, GCH, b"gpch kept")
     headers.keep_new(store(tmp_path))
@@ -105,10 +137,31 @@ def test_once_a_process_and_headers_already_there_are_neither_replaced_nor_store
     headers.restore(store(tmp_path))
     assert (folder / GCH).read_bytes() == b"gpch built by another process before this one"
     headers.keep_new(store(tmp_path))
-    assert kept(tmp_path) == {GCH: b"gpch kept"}  # what was there before this process looked is not this process's
+    assert kept(tmp_path) == {GCH: b"gpch kept"}  # what was there before this process looked is not stored
     os.remove(folder / GCH)
-    headers.restore(store(tmp_path))  # once a process
+    headers.restore(store(tmp_path))  # once a process for a cache
     assert not (folder / GCH).exists()
+
+
+def test_each_cache_a_process_uses_writes_its_headers_back(tmp_path, folder, monkeypatch):
+    one, two = CacheOptions(dir=str(tmp_path / "one")).open(), CacheOptions(dir=str(tmp_path / "two")).open()
+    headers.restore(one)
+    build(folder, "cone.h.gch", b"gpch one's")
+    headers.keep_new(one)
+    new_process(monkeypatch)
+    headers.restore(two)
+    build(folder, "ctwo.h.gch", b"gpch two's")
+    headers.keep_new(two)
+    new_process(monkeypatch)
+    clear(folder)
+    headers.restore(one)
+    headers.restore(two)  # a second model of the server, with a cache of its own
+    assert sorted(os.listdir(folder)) == ["cone.h.gch", "ctwo.h.gch"]
+    ask(folder, "cone.h.gch")
+    ask(folder, "ctwo.h.gch")
+    build(folder, "cnew.h.gch", b"gpch new")
+    headers.keep_new(one)
+    assert one.read(entry_key(headers.header_fields())).files == {"cone.h.gch": b"gpch one's", "cnew.h.gch": b"gpch new"}
 
 
 def test_a_header_still_being_written_waits_for_the_next_look(tmp_path, folder):
@@ -133,18 +186,6 @@ def test_a_link_or_a_pipe_named_as_a_header_is_not_read(tmp_path, folder):
     assert kept(tmp_path) is None
 
 
-def test_a_new_compiler_builds_another_header_which_replaces_the_entry(tmp_path, folder, monkeypatch):
-    headers.restore(store(tmp_path))
-    build(folder, GCH)
-    headers.keep_new(store(tmp_path))
-    new_process(monkeypatch)
-    headers.restore(store(tmp_path))
-    os.remove(folder / GCH)  # gone with the old compiler's temporary folder
-    build(folder, "cnewcompiler.h.gch", b"gpch the new compiler's")  # Inductor's name hashes the compiler
-    headers.keep_new(store(tmp_path))
-    assert kept(tmp_path) == {"cnewcompiler.h.gch": b"gpch the new compiler's"}
-
-
 @pytest.mark.parametrize("name", ["sub/inner.h.gch", "kernel.so", "cabc.h", ".h.gch", "c" * 200 + ".h.gch",
                                   "x.h.gch\n", "../escape.h.gch"])
 def test_a_signed_entry_with_a_name_that_is_not_a_headers_writes_nothing(tmp_path, folder, name, caplog):
@@ -155,8 +196,7 @@ def test_a_signed_entry_with_a_name_that_is_not_a_headers_writes_nothing(tmp_pat
     if name.startswith(".."):  # refused by the entry's own checks, before it is read as headers
         assert "names a file outside its directory" in caplog.text
     else:
-        assert f"the entry's file {name[:80]!r} is not a precompiled header's name" in caplog.text
-        assert "were not written back" in caplog.text
+        assert f"were not written back (the entry's file {name[:80]!r} is not a precompiled header's name)" in caplog.text
     assert not folder.exists() and not (tmp_path / "torchinductor_me" / "escape.h.gch").exists()
 
 
@@ -168,7 +208,7 @@ def test_a_tampered_entry_is_refused_and_removed(tmp_path, folder, monkeypatch, 
     data = open(path, "rb").read()
     open(path, "wb").write(data.replace(DONE, b"gpch+014 a planted header..."[:len(DONE)]))
     new_process(monkeypatch)
-    os.remove(folder / GCH)
+    clear(folder)
     with caplog.at_level(logging.INFO, logger="kiln"):
         headers.restore(store(tmp_path))
     assert "refused" in caplog.text and "none kept" in caplog.text
@@ -190,12 +230,8 @@ def test_a_folder_others_can_write_is_neither_written_nor_read(tmp_path, folder,
 @pytest.mark.skipif(os.name != "posix", reason="symbolic links")
 @pytest.mark.parametrize("linked", ["folder", "parent"])
 def test_a_folder_that_is_a_link_is_left_alone(tmp_path, folder, monkeypatch, caplog, linked):
-    headers.restore(store(tmp_path))
-    build(folder, GCH)
-    headers.keep_new(store(tmp_path))
-    new_process(monkeypatch)
+    kept_then_gone(tmp_path, folder, monkeypatch)
     elsewhere = tmp_path / "elsewhere"
-    os.remove(folder / GCH)
     if linked == "folder":
         elsewhere.mkdir()
         os.rmdir(folder)
@@ -215,7 +251,7 @@ def test_a_header_that_appears_while_kiln_writes_is_left_as_it_is(tmp_path, fold
 
     def appears(path):  # after Kiln looked, before it writes: another process built it
         if str(path).endswith(GCH) and not real(path):
-            build(folder, GCH, b"gpch built meanwhile")
+            (folder / GCH).write_bytes(b"gpch built meanwhile")
             return False
         return real(path)
 
@@ -239,6 +275,47 @@ def test_a_cache_that_cannot_be_written_still_compiles(tmp_path, folder, monkeyp
     with caplog.at_level(logging.INFO, logger="kiln"):
         headers.keep_new(full)
     assert "were not stored (No space left on device)" in caplog.text
+
+
+def test_a_header_that_could_not_be_stored_is_not_read_again_at_every_lowering(tmp_path, folder, monkeypatch):
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    reads = []
+    monkeypatch.setattr(headers, "_read", lambda path, limit: reads.append(path) or (_ for _ in ()).throw(
+        OSError(28, "No space left on device")))
+    for _ in range(3):
+        headers.keep_new(store(tmp_path))
+    assert len(reads) == 1 and kept(tmp_path) is None
+
+
+@pytest.mark.skipif(os.name != "posix", reason="owners and modes are POSIX's")
+def test_a_folder_made_under_a_permissive_umask_is_refused_once_with_what_to_do(tmp_path, folder, monkeypatch, caplog):
+    kept_then_gone(tmp_path, folder, monkeypatch)
+    os.chmod(folder.parent, 0o775)  # as Inductor makes it where the umask is 002
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        headers.restore(store(tmp_path))
+        build(folder, "cnew.h.gch", b"gpch new")
+        headers.keep_new(store(tmp_path))
+        headers.keep_new(store(tmp_path))
+    assert caplog.text.count("are not kept") == 1 and f"chmod go-w {folder.parent}" in caplog.text
+    assert not (folder / GCH).exists() and kept(tmp_path) == {GCH: DONE}
+
+
+def test_a_graph_cache_in_refresh_mode_writes_nothing_back(tmp_path, folder, monkeypatch):
+    kept_then_gone(tmp_path, folder, monkeypatch)
+    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
+
+    def lowering():
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        os.makedirs(os.path.join(cache_dir(), "fxgraph"), exist_ok=True)
+        open(os.path.join(cache_dir(), "fxgraph", "entry"), "w").write("compiled")
+        return (lambda x: x), "inductor"
+
+    fields = {"graph": "g1", "inputs": "i1", "options": "{}", "torch": "2.13", "label": "Tiny graph 0",
+              "device": "cpu (x86_64)"}
+    GraphCache(CacheOptions(dir=str(tmp_path / "cache"), mode="refresh")).lower(lowering, fields)
+    assert not (folder / GCH).exists()
 
 
 def test_an_unexpected_failure_is_said_and_the_lowering_goes_on(tmp_path, folder, monkeypatch, caplog):
@@ -303,7 +380,7 @@ def test_a_cpu_lowering_writes_the_headers_back_before_it_runs_and_keeps_those_i
     GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lowering, dict(fields))
     assert kept(tmp_path) == {GCH: DONE}
     new_process(monkeypatch)
-    os.remove(folder / GCH)
+    clear(folder)
     GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lowering, dict(fields, graph="g2"))
     assert seen == [[], [GCH]]  # written back before the second lowering ran
     before = (sorted(os.listdir(folder)), kept(tmp_path))
