@@ -70,7 +70,8 @@ def test_a_child_runs_with_its_inductor_dir_and_temporary_folder(monkeypatch, tm
 
     monkeypatch.setattr(cache_bench.subprocess, "run", fake_run)
     a = args(cache_mode="balanced")
-    cache_bench._run_child(a, "kiln warm", str(tmp_path / "c"), str(tmp_path / "i"), str(tmp_path / "t"), lambda _: None)
+    cache_bench._run_child(a, "kiln warm", str(tmp_path / "c"), str(tmp_path / "i"), str(tmp_path / "t"),
+                           lambda _: None)
     (env,) = ran
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "i") and env["TMPDIR"] == str(tmp_path / "t")
     assert (tmp_path / "t").is_dir()  # made for it: a TMPDIR that does not exist is ignored

@@ -161,7 +161,8 @@ def test_each_cache_a_process_uses_writes_its_headers_back(tmp_path, folder, mon
     ask(folder, "ctwo.h.gch")
     build(folder, "cnew.h.gch", b"gpch new")
     headers.keep_new(one)
-    assert one.read(entry_key(headers.header_fields())).files == {"cone.h.gch": b"gpch one's", "cnew.h.gch": b"gpch new"}
+    stored = one.read(entry_key(headers.header_fields())).files
+    assert stored == {"cone.h.gch": b"gpch one's", "cnew.h.gch": b"gpch new"}  # two's written-back one not taken
 
 
 def test_a_header_still_being_written_waits_for_the_next_look(tmp_path, folder):
@@ -196,7 +197,8 @@ def test_a_signed_entry_with_a_name_that_is_not_a_headers_writes_nothing(tmp_pat
     if name.startswith(".."):  # refused by the entry's own checks, before it is read as headers
         assert "names a file outside its directory" in caplog.text
     else:
-        assert f"were not written back (the entry's file {name[:80]!r} is not a precompiled header's name)" in caplog.text
+        said = f"were not written back (the entry's file {name[:80]!r} is not a precompiled header's name)"
+        assert said in caplog.text
     assert not folder.exists() and not (tmp_path / "torchinductor_me" / "escape.h.gch").exists()
 
 
@@ -353,8 +355,8 @@ def test_inductors_folder_is_in_the_temporary_folder_not_its_cache_dir(tmp_path)
         pytest.skip("this torch precompiles no headers")
     env = dict(os.environ, TMPDIR=str(tmp_path / "temp"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     os.makedirs(tmp_path / "temp")
-    done = subprocess.run([sys.executable, "-c", "from kiln.compiler import compat; print(compat.inductor_header_dir())"],
-                          env=env, capture_output=True, text=True, check=True)
+    where = "from kiln.compiler import compat; print(compat.inductor_header_dir())"
+    done = subprocess.run([sys.executable, "-c", where], env=env, capture_output=True, text=True, check=True)
     path = done.stdout.strip().splitlines()[-1]
     assert path.startswith(str(tmp_path / "temp")) and os.path.basename(path) == "precompiled_headers"
 
