@@ -209,7 +209,7 @@ def _check_folder(folder: str) -> None:
             raise FolderRefused(f"Inductor's folder {path} belongs to uid {info.st_uid}, not to you")
         if mode & 0o022:
             raise FolderRefused(f"Inductor's folder {path} can be written by other users (mode {mode:04o}; "
-                             f"chmod go-w {path} lets Kiln keep its headers)")
+                                f"chmod go-w {path} lets Kiln keep its headers)")
 
 
 def _headers_in(folder: str) -> list[str]:
