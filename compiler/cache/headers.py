@@ -68,18 +68,15 @@ def restore(store: CacheStore, use_stored: bool = True) -> None:
     if store.root in _kept:
         return
     _kept[store.root] = set()
+    folder = None
     try:
         folder = compat.inductor_header_dir()
-        if folder is None:
-            _found = set() if _found is None else _found
-            return
-        if use_stored:
+        if folder is not None and use_stored:
             _restore_from(store, folder)
-        if _found is None:
-            _found = set(_headers_in(folder))
     except Exception as exc:  # the cache never stops a compile
         log.warning("Kiln: %s were not written back (%s); Inductor builds what it lacks", LABEL, _said(exc))
-        _found = set() if _found is None else _found
+    if _found is None:
+        _found = set(_headers_in(_listing(folder), folder)) if folder else set()
 
 
 def _restore_from(store: CacheStore, folder: str) -> None:
@@ -124,10 +121,11 @@ def _keep_new(store: CacheStore, folder: str) -> None:
     except FolderRefused as exc:
         _refuse(str(exc))
         return
-    present = set(_headers_in(folder))
+    names = _listing(folder)
+    present = set(_headers_in(names, folder))
     kept = _kept[store.root]
     new = sorted(name for name in present - _found - kept if _finished(os.path.join(folder, name)))
-    if not _said_clang and any(name.endswith(".pch") for name in os.listdir(folder)):
+    if not _said_clang and any(name.endswith(".pch") for name in names):
         _said_clang = True
         log.info("Kiln: %s: clang's are not kept (clang checks them against the time of the header they were "
                  "built from); a warm start after the temporary folder was cleared builds them again", LABEL)
@@ -212,12 +210,15 @@ def _check_folder(folder: str) -> None:
                                 f"chmod go-w {path} lets Kiln keep its headers)")
 
 
-def _headers_in(folder: str) -> list[str]:
-    """The regular files in `folder` named as precompiled headers."""
+def _listing(folder: str) -> list[str]:
     try:
-        names = os.listdir(folder)
+        return os.listdir(folder)
     except OSError:
         return []
+
+
+def _headers_in(names: list[str], folder: str) -> list[str]:
+    """Of `names` (listed in `folder`), the regular files named as precompiled headers."""
     found = []
     for name in names:
         if not NAME.fullmatch(name):
