@@ -137,7 +137,9 @@ class KilnModel(torch.nn.Module):
             mark_batch_and_resolution_dynamic(args, kwargs)
         backend = self._backend
         backend.progress = self.progress
-        return backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs), self._fall_back)
+        with compat.no_fake_dispatch_cache():  # a faster capture (compat's note)
+            return backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs),
+                               self._fall_back)
 
     def _prepare(self):
         """Execute the plan's steps (STEPS order). None, and the model runs eagerly, if there is nothing

@@ -354,9 +354,10 @@ class RegionalCompile:
     @contextlib.contextmanager
     def routed(self, progress: Optional[Progress]):
         """A context for one call of the model: its blocks run through their regions, compiled with
-        duck sizing off and a recompile budget sized for the model's blocks."""
+        duck sizing off, no fake-tensor dispatch cache and a recompile budget sized for the model's blocks."""
         self.progress.callback = progress
-        with compat.calls_routed(self._routes), compat.no_duck_sizing(), compat.recompile_limit_at_least(self.budget):
+        with compat.calls_routed(self._routes), compat.no_duck_sizing(), compat.no_fake_dispatch_cache(), \
+                compat.recompile_limit_at_least(self.budget):
             yield
 
 

@@ -27,6 +27,27 @@ def test_no_duck_sizing_and_the_recompile_limit_are_scoped():
         assert compat.recompile_limit() == before
 
 
+def _fake_cache_seen_by_a_capture() -> bool:
+    """Whether the fake tensors of a capture that starts here cache their dispatches."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(torch._guards.detect_fake_mode(example_inputs).cache_enabled)
+        return gm.forward
+
+    torch.compile(lambda x: torch.relu(x) + 1, backend=backend)(torch.randn(3))
+    return seen[0]
+
+
+def test_no_fake_dispatch_cache_is_seen_by_a_capture_inside_it_and_scoped():
+    import torch._dynamo.config as dynamo_config
+
+    assert dynamo_config.fake_tensor_cache_enabled is True
+    with compat.no_fake_dispatch_cache():
+        assert _fake_cache_seen_by_a_capture() is False
+    assert dynamo_config.fake_tensor_cache_enabled is True and _fake_cache_seen_by_a_capture() is True
+
+
 def test_calls_routed_routes_inside_and_puts_back_what_was_installed_before():
     block, other = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     installed = other.__dict__.get("_compiled_call_impl")  # what nn.Module set up, if anything

@@ -217,6 +217,24 @@ def test_progress_counts_regions_done():
     assert [done for _, done, _ in seen] == sorted(done for _, done, _ in seen)
 
 
+@pytest.mark.parametrize("unit", ["blocks", "whole"])
+def test_captures_run_without_the_fake_dispatch_cache_and_leave_it_as_it_was(monkeypatch, unit):
+    import torch._dynamo.config as dynamo_config
+
+    real, seen = Lowering.lower, []
+
+    def lower(self, gm, example_inputs, *args, **kwargs):
+        seen.append(torch._guards.detect_fake_mode(example_inputs).cache_enabled)
+        return real(self, gm, example_inputs, *args, **kwargs)
+
+    monkeypatch.setattr(Lowering, "lower", lower)
+    module, x = _net(), torch.randn(2, 8, 3, 5)
+    with torch.no_grad():
+        assert rel_err(_compile(module, mode="fast", compile_unit=unit)(x), module(x)) < 1e-6
+    assert seen and not any(seen)
+    assert dynamo_config.fake_tensor_cache_enabled is True
+
+
 def test_a_failed_region_runs_its_blocks_eagerly_and_the_others_stay_compiled(monkeypatch, caplog):
     real = Lowering.lower
 
