@@ -481,17 +481,20 @@ def no_duck_sizing():
     return ConfigScope(fx_config, {"use_duck_shape": False})
 
 
-def no_fake_dispatch_cache():
-    """A context in which a capture starting inside it gives its fake tensors no dispatch cache
-    (`torch._dynamo.config.fake_tensor_cache_enabled`, read when TorchDynamo makes a frame's fake mode;
-    checked: torch 2.13, 2.14; older releases have the setting too, and one without it is left as is). With symbolic sizes a key hashes sympy expressions, and TorchDynamo's
-    trace of a block rarely repeats an op: a SD1.5 transformer block at CPU size captured in 0.63 s
-    instead of 0.86 s (medians of five, one process), while AOTAutograd's trace after it, which repeats
-    TorchDynamo's ops, took 1.04 s instead of 0.91 s. A warm start loads that trace from AOTAutograd's
-    cache, so it gains the whole difference (docs/compile-units.md)."""
+def no_fake_dispatch_cache(symbolic_sizes: bool = True):
+    """A context in which a capture starting inside it gives its fake tensors no dispatch cache, where
+    its sizes are symbolic (`symbolic_sizes`: Kiln marks them dynamic, or `dynamic=True`); else none
+    (`torch._dynamo.config.fake_tensor_cache_enabled`, read when TorchDynamo makes a frame's fake
+    modes; checked: torch 2.13, 2.14; older releases have the setting too, and one without it is
+    left as is). With symbolic sizes a key hashes sympy expressions and a block's trace rarely
+    repeats an op: a SD1.5 transformer block at CPU size captured in 0.63 s instead of 0.86 s
+    (medians of five, one process), while AOTAutograd's trace after it, which repeats TorchDynamo's
+    ops, took 1.04 s instead of 0.91 s; a warm start loads that trace from AOTAutograd's cache.
+    With static sizes the cache pays: the whole SD1.5 UNet captured in 7.3 s with it, 11.2 s
+    without (docs/compile-units.md)."""
     import torch._dynamo.config as dynamo_config
 
-    if not hasattr(dynamo_config, "fake_tensor_cache_enabled"):
+    if not symbolic_sizes or not hasattr(dynamo_config, "fake_tensor_cache_enabled"):
         return contextlib.nullcontext()
     return ConfigScope(dynamo_config, {"fake_tensor_cache_enabled": False})
 
@@ -499,7 +502,7 @@ def no_fake_dispatch_cache():
 class ConfigScope:
     """Inside `with`: each of `values` set on `config` (a torch config module), and put back after,
     as `config.patch(values)` does (checked: torch 2.5 - 2.14) at a third of its cost or less: `patch`
-    builds a class on every call, and a model compiled by blocks enters two of these per call."""
+    builds a class on every call, and a model compiled by blocks enters three of these per call."""
 
     __slots__ = ("config", "values", "before")
 

@@ -337,6 +337,7 @@ class RegionalCompile:
                 self._routes[block] = _route(compiled, block)
         stats.regions = [region for region, _ in regions]
         self._every_region_eager = False
+        self.symbolic_sizes = options.dynamic is not False  # marked dynamic (auto) or dynamic=True
         # graphs per code object: every position of the blocks (with attention patches installed), batch 1,
         # a branch or two; counted over all blocks, since where a block's graph breaks TorchDynamo resumes
         # in the model's own code, which every region's blocks share
@@ -354,10 +355,11 @@ class RegionalCompile:
     @contextlib.contextmanager
     def routed(self, progress: Optional[Progress]):
         """A context for one call of the model: its blocks run through their regions, compiled with
-        duck sizing off, no fake-tensor dispatch cache and a recompile budget sized for the model's blocks."""
+        duck sizing off, no fake-tensor dispatch cache where sizes are symbolic, and a recompile budget
+        sized for the model's blocks."""
         self.progress.callback = progress
-        with compat.calls_routed(self._routes), compat.no_duck_sizing(), compat.no_fake_dispatch_cache(), \
-                compat.recompile_limit_at_least(self.budget):
+        with compat.calls_routed(self._routes), compat.no_duck_sizing(), \
+                compat.no_fake_dispatch_cache(self.symbolic_sizes), compat.recompile_limit_at_least(self.budget):
             yield
 
 

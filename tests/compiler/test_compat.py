@@ -27,25 +27,43 @@ def test_no_duck_sizing_and_the_recompile_limit_are_scoped():
         assert compat.recompile_limit() == before
 
 
-def _fake_cache_seen_by_a_capture() -> bool:
-    """Whether the fake tensors of a capture that starts here cache their dispatches."""
-    seen = []
+def _fake_caches_seen_by_a_capture(dynamic) -> set:
+    """Whether the fake tensors of a capture that starts here cache their dispatches: TorchDynamo's
+    own (its placeholders' example values) and those AOTAutograd and Inductor go on with (the tracing
+    context's)."""
+    seen = set()
 
     def backend(gm, example_inputs):
-        seen.append(torch._guards.detect_fake_mode(example_inputs).cache_enabled)
+        seen.add(torch._guards.detect_fake_mode(example_inputs).cache_enabled)
+        seen.update(node.meta["example_value"].fake_mode.cache_enabled for node in gm.graph.find_nodes(op="placeholder")
+                    if isinstance(node.meta["example_value"], torch.Tensor))
         return gm.forward
 
-    torch.compile(lambda x: torch.relu(x) + 1, backend=backend)(torch.randn(3))
-    return seen[0]
+    torch.compile(lambda x: torch.relu(x) + 1, backend=backend, dynamic=dynamic)(torch.randn(3))
+    return seen
 
 
-def test_no_fake_dispatch_cache_is_seen_by_a_capture_inside_it_and_scoped():
+def test_no_fake_dispatch_cache_where_sizes_are_symbolic_scoped_even_on_an_error():
     import torch._dynamo.config as dynamo_config
 
-    assert dynamo_config.fake_tensor_cache_enabled is True
+    before = dynamo_config.fake_tensor_cache_enabled  # True unless TORCH_FAKE_TENSOR_DISPATCH_CACHE=0
     with compat.no_fake_dispatch_cache():
-        assert _fake_cache_seen_by_a_capture() is False
-    assert dynamo_config.fake_tensor_cache_enabled is True and _fake_cache_seen_by_a_capture() is True
+        assert _fake_caches_seen_by_a_capture(dynamic=True) == {False}
+    assert dynamo_config.fake_tensor_cache_enabled is before
+    assert _fake_caches_seen_by_a_capture(dynamic=True) == {before}
+    with compat.no_fake_dispatch_cache(symbolic_sizes=False):  # static sizes: as torch has it
+        assert _fake_caches_seen_by_a_capture(dynamic=False) == {before}
+    with pytest.raises(ValueError), compat.no_fake_dispatch_cache():
+        raise ValueError("the model's own error")
+    assert dynamo_config.fake_tensor_cache_enabled is before
+
+
+def test_no_fake_dispatch_cache_leaves_a_torch_without_the_setting_as_it_is(monkeypatch):
+    import torch._dynamo.config as dynamo_config
+
+    monkeypatch.delattr(dynamo_config, "fake_tensor_cache_enabled")
+    with compat.no_fake_dispatch_cache():
+        assert not hasattr(dynamo_config, "fake_tensor_cache_enabled")
 
 
 def test_calls_routed_routes_inside_and_puts_back_what_was_installed_before():

@@ -3,9 +3,11 @@ import logging
 
 import pytest
 import torch
+import torch._dynamo.config as dynamo_config
+import torch.fx.experimental._config as fx_config
 
 import kiln
-from kiln.compiler import CompileOptions, Lowering, OptionsError
+from kiln.compiler import CompileOptions, Lowering, OptionsError, compat
 from testing_utils import rel_err
 
 
@@ -218,21 +220,23 @@ def test_progress_counts_regions_done():
 
 
 @pytest.mark.parametrize("unit", ["blocks", "whole"])
-def test_captures_run_without_the_fake_dispatch_cache_and_leave_it_as_it_was(monkeypatch, unit):
-    import torch._dynamo.config as dynamo_config
-
-    real, seen = Lowering.lower, []
+@pytest.mark.parametrize("dynamic", [None, False])
+def test_symbolic_captures_run_without_the_fake_dispatch_cache_static_ones_with_it(monkeypatch, unit, dynamic):
+    before = dynamo_config.fake_tensor_cache_enabled
+    real, seen = Lowering.lower, set()
 
     def lower(self, gm, example_inputs, *args, **kwargs):
-        seen.append(torch._guards.detect_fake_mode(example_inputs).cache_enabled)
+        seen.add(torch._guards.detect_fake_mode(example_inputs).cache_enabled)
+        seen.update(node.meta["example_value"].fake_mode.cache_enabled for node in gm.graph.find_nodes(op="placeholder")
+                    if isinstance(node.meta.get("example_value"), torch.Tensor))
         return real(self, gm, example_inputs, *args, **kwargs)
 
     monkeypatch.setattr(Lowering, "lower", lower)
     module, x = _net(), torch.randn(2, 8, 3, 5)
     with torch.no_grad():
-        assert rel_err(_compile(module, mode="fast", compile_unit=unit)(x), module(x)) < 1e-6
-    assert seen and not any(seen)
-    assert dynamo_config.fake_tensor_cache_enabled is True
+        assert rel_err(_compile(module, mode="fast", compile_unit=unit, dynamic=dynamic)(x), module(x)) < 1e-6
+    assert seen == ({False} if dynamic is None else {before})
+    assert dynamo_config.fake_tensor_cache_enabled is before
 
 
 def test_a_failed_region_runs_its_blocks_eagerly_and_the_others_stay_compiled(monkeypatch, caplog):
@@ -265,8 +269,10 @@ def test_a_cancel_in_one_region_is_re_raised_and_the_next_call_compiles_only_wha
             raise Cancelled("cancelled by the user")
 
     compiled.progress = cancel
+    settings = (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit())
     with torch.no_grad(), pytest.raises(Cancelled, match="cancelled by the user"):
         compiled(x)
+    assert (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit()) == settings
     info = kiln.stats(compiled)
     assert info.fallback is None and not info.region_fallbacks and [c.region for c in info.compiles] == ["Block#1"]
     compiled.progress = None  # the next prompt
