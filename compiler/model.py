@@ -137,7 +137,7 @@ class KilnModel(torch.nn.Module):
             mark_batch_and_resolution_dynamic(args, kwargs)
         backend = self._backend
         backend.progress = self.progress
-        with compat.no_fake_dispatch_cache(self.plan.compile.dynamic is not False):  # a faster capture (compat's note)
+        with compat.no_fake_dispatch_cache(self.plan.compile.symbolic_sizes):  # a faster capture (compat's note)
             return backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs),
                                self._fall_back)
 

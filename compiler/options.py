@@ -98,6 +98,11 @@ class CompileOptions:
         return self.shapes.specialize != "none" or bool(self.shapes.pin)
 
     @property
+    def symbolic_sizes(self) -> bool:
+        """Captures see symbolic sizes: Kiln marks batch and resolution dynamic (auto) or `dynamic=True`."""
+        return self.dynamic is not False
+
+    @property
     def lowering(self) -> Lowering:
         """How this mode lowers the rewritten graph (compiler/lowering.py)."""
         return LOWERINGS[self.mode]

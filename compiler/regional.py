@@ -337,7 +337,7 @@ class RegionalCompile:
                 self._routes[block] = _route(compiled, block)
         stats.regions = [region for region, _ in regions]
         self._every_region_eager = False
-        self.symbolic_sizes = options.dynamic is not False  # marked dynamic (auto) or dynamic=True
+        self.symbolic_sizes = options.symbolic_sizes
         # graphs per code object: every position of the blocks (with attention patches installed), batch 1,
         # a branch or two; counted over all blocks, since where a block's graph breaks TorchDynamo resumes
         # in the model's own code, which every region's blocks share

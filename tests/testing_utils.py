@@ -13,6 +13,16 @@ KERNEL_DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_I
 FP32_DOT_TOL = 1e-5 if KERNEL_DEVICE == "cpu" else 2e-3
 
 
+def fake_caches_of(gm: torch.fx.GraphModule, example_inputs) -> set:
+    """Whether the fake tensors behind a captured graph cache their dispatches: TorchDynamo's own
+    (its placeholders' example values) and those AOTAutograd and Inductor go on with (the tracing
+    context's). A set of the flags seen."""
+    seen = {torch._guards.detect_fake_mode(example_inputs).cache_enabled}
+    seen.update(node.meta["example_value"].fake_mode.cache_enabled for node in gm.graph.find_nodes(op="placeholder")
+                if isinstance(node.meta.get("example_value"), torch.Tensor))
+    return seen
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """Max absolute difference relative to the reference's max magnitude."""
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12)).item()

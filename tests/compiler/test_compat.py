@@ -4,6 +4,7 @@ import torch
 import torch.fx.experimental._config as fx_config
 
 from kiln.compiler import compat
+from testing_utils import fake_caches_of
 
 
 def test_a_config_scope_sets_its_values_inside_and_puts_them_back_after_even_on_an_error():
@@ -28,15 +29,11 @@ def test_no_duck_sizing_and_the_recompile_limit_are_scoped():
 
 
 def _fake_caches_seen_by_a_capture(dynamic) -> set:
-    """Whether the fake tensors of a capture that starts here cache their dispatches: TorchDynamo's
-    own (its placeholders' example values) and those AOTAutograd and Inductor go on with (the tracing
-    context's)."""
+    """Whether the fake tensors of a capture that starts here cache their dispatches (fake_caches_of)."""
     seen = set()
 
     def backend(gm, example_inputs):
-        seen.add(torch._guards.detect_fake_mode(example_inputs).cache_enabled)
-        seen.update(node.meta["example_value"].fake_mode.cache_enabled for node in gm.graph.find_nodes(op="placeholder")
-                    if isinstance(node.meta["example_value"], torch.Tensor))
+        seen.update(fake_caches_of(gm, example_inputs))
         return gm.forward
 
     torch.compile(lambda x: torch.relu(x) + 1, backend=backend, dynamic=dynamic)(torch.randn(3))

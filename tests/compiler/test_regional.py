@@ -8,7 +8,7 @@ import torch.fx.experimental._config as fx_config
 
 import kiln
 from kiln.compiler import CompileOptions, Lowering, OptionsError, compat
-from testing_utils import rel_err
+from testing_utils import fake_caches_of, rel_err
 
 
 class Block(torch.nn.Module):
@@ -226,9 +226,7 @@ def test_symbolic_captures_run_without_the_fake_dispatch_cache_static_ones_with_
     real, seen = Lowering.lower, set()
 
     def lower(self, gm, example_inputs, *args, **kwargs):
-        seen.add(torch._guards.detect_fake_mode(example_inputs).cache_enabled)
-        seen.update(node.meta["example_value"].fake_mode.cache_enabled for node in gm.graph.find_nodes(op="placeholder")
-                    if isinstance(node.meta.get("example_value"), torch.Tensor))
+        seen.update(fake_caches_of(gm, example_inputs))
         return real(self, gm, example_inputs, *args, **kwargs)
 
     monkeypatch.setattr(Lowering, "lower", lower)
