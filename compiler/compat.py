@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import os
 import platform
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional
@@ -363,6 +364,28 @@ def detect_cpu_vector_isa() -> None:
             with ThreadPoolExecutor(len(candidates), thread_name_prefix="kiln-cpu-probe") as pool:
                 list(pool.map(bool, candidates))
     cpu_vec_isa.valid_vec_isa_list()
+
+
+_PROBE_CHILD = """
+import os
+if hasattr(os, "nice"):
+    os.nice(10)
+from torch._inductor import cpu_vec_isa
+cpu_vec_isa.valid_vec_isa_list()
+"""
+
+
+def start_cpu_probe_child(cache_dir: str) -> subprocess.Popen:
+    """Start Inductor's own probe of the CPU (`valid_vec_isa_list`, as detect_cpu_vector_isa) in a
+    child process of this Python at a lower priority, its Inductor cache directory `cache_dir`: it
+    builds there the test programs a fresh process builds, without touching this process's answer
+    (Inductor keeps it in caches that checking one set again would replace; checked: torch 2.5 - 2.14).
+    Its error output is piped (`communicate` it); OSError where no child can be started."""
+    if not sys.executable:
+        raise OSError("this Python does not know its own program (sys.executable is empty)")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir)
+    return subprocess.Popen([sys.executable, "-c", _PROBE_CHILD], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def inductor_header_dir() -> Optional[str]:

@@ -9,11 +9,21 @@ all again: most of a warm start from Kiln's cache. So Kiln runs the probe in a f
 keeps the programs as a signed entry, and in a later process writes them back there first: Inductor
 finds them built and only loads each. Inductor's own names still decide (they hash the program, the
 flags and the compiler), so after a compiler change it builds afresh and the entry is replaced.
+
+A process whose probe ran before it first used Kiln's cache (its first CPU compile was an uncached
+Kiln one, or torch.compile's) has nothing of it in Kiln's folder. The first time it uses a cache that
+lacks the entry, Inductor's probe runs once more in a child process at a lower priority, into Kiln's
+folder, while the compile goes on (about 16 s on a 2-core CPU, once a process: another cache gets the
+same files), and the programs are stored when it ends, so that the next start finds them.
 """
 from __future__ import annotations
 
+import atexit
 import logging
+import subprocess
+import threading
 import time
+from typing import Optional
 
 from .. import compat
 from .key import entry_key, environment_fields
@@ -21,6 +31,11 @@ from .store import CacheStore, Entry, error_text, read_files, read_or_refuse, wr
 from .trust import CacheError
 
 log = logging.getLogger("kiln")
+
+_looked: set[str] = set()  # the caches (their roots) this process probed with or checked for the entry
+_programs: dict[str, bytes] = {}  # the test programs, once this process has them in Kiln's folder
+_building: list[threading.Thread] = []  # the background builds this process started (one at a time)
+CHILD_SECONDS = 600  # a probe in a child process that takes longer is stopped: nothing is stored
 
 LABEL = "Inductor's CPU instruction-set probe"
 
@@ -36,15 +51,33 @@ def probe_fields() -> dict:
 
 def detect_cpu_vector_isa(store: CacheStore, use_stored: bool = True) -> None:
     """Let Inductor probe the CPU now (once a process), its test programs taken from `store` (unless
-    `use_stored` is False: the cache's refresh mode) and kept there. Nothing here stops a compile: an
-    entry that cannot be read or stored only costs the probe its ~6 s, said in the log."""
-    if compat.cpu_vector_isa_detected():
+    `use_stored` is False: the cache's refresh mode) and kept there; where this process probed before
+    it used `store` and `store` lacks them, have them built in the background and stored (once a
+    process for each cache). Nothing here stops a compile: an entry that cannot be read or stored only
+    costs the probe its ~6 s, said in the log."""
+    if store.root in _looked:
         return
+    _looked.add(store.root)
     fields = probe_fields()
     key = entry_key(fields)
+    probed = compat.cpu_vector_isa_detected()
     entry, reason = read_or_refuse(store, key, "probing the CPU afresh") if use_stored else (None, "")
+    if probed and entry is not None:
+        return
     if reason:
         log.info("Kiln: %s: no stored programs (%s)", LABEL, reason)
+    if probed and _programs:
+        _store(store, Entry(key=key, fields=fields, files=dict(_programs)), "the ones this process has")
+    elif probed and any(thread.is_alive() for thread in _building):
+        _looked.discard(store.root)  # one build at a time: this cache is looked at again at its next lowering
+    elif probed:
+        _build_in_background(store, Entry(key=key, fields=fields, files={}))
+    else:
+        _probe(store, Entry(key=key, fields=fields, files={}), entry)
+
+
+def _probe(store: CacheStore, new: Entry, entry: Optional[Entry]) -> None:
+    """The process's probe, in Kiln's folder with `entry`'s programs (if any) written there first."""
     start = time.perf_counter()
     try:
         work = store.work_dir()
@@ -56,15 +89,72 @@ def detect_cpu_vector_isa(store: CacheStore, use_stored: bool = True) -> None:
         return
     with compat.inductor_cache_dir(work):
         compat.detect_cpu_vector_isa()
-    seconds = time.perf_counter() - start
+    new.compile_seconds = time.perf_counter() - start
     try:
-        files = read_files(work)
-        if entry is not None and set(files) <= set(entry.files):
-            log.info("Kiln: %s loaded its test programs from Kiln's cache (%.1fs)", LABEL, seconds)
+        new.files = read_files(work)
+    except OSError as exc:
+        log.info("Kiln: %s: its test programs were not stored (%s)", LABEL, error_text(exc))
+        return
+    _programs.update(new.files)
+    if entry is not None and set(new.files) <= set(entry.files):
+        log.info("Kiln: %s loaded its test programs from Kiln's cache (%.1fs)", LABEL, new.compile_seconds)
+        return
+    _store(store, new, f"built in {new.compile_seconds:.1f}s" +
+           ("; the stored ones were for another compiler or torch" if entry is not None else ""))
+
+
+def _build_in_background(store: CacheStore, new: Entry) -> None:
+    """This process probed before it used Kiln's cache: Inductor's probe runs again in a child process,
+    into Kiln's folder, and a thread stores the programs when it ends; the compile goes on meanwhile."""
+    try:
+        work = store.work_dir()
+        child = compat.start_cpu_probe_child(work)
+    except (CacheError, OSError) as exc:
+        log.info("Kiln: %s: this process probed before it used Kiln's cache, and its test programs cannot be "
+                 "built for it (%s); the next start probes in Kiln's folder", LABEL, error_text(exc))
+        return
+    atexit.register(_stop, child)  # before the work folder is removed (atexit runs the latest first)
+    log.info("Kiln: %s: this process probed before it used Kiln's cache; its test programs are being built in "
+             "the background for the next start", LABEL)
+    thread = threading.Thread(target=_store_when_built, args=(store, new, child, work, time.perf_counter()),
+                              name="kiln-cpu-probe", daemon=True)
+    _building.append(thread)
+    thread.start()
+
+
+def _store_when_built(store: CacheStore, new: Entry, child: subprocess.Popen, work: str, start: float) -> None:
+    try:
+        try:
+            _, errors = child.communicate(timeout=CHILD_SECONDS)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            log.info("Kiln: %s: the background build took more than %ss and was stopped; nothing stored", LABEL,
+                     CHILD_SECONDS)
             return
-        store.write(Entry(key=key, fields=fields, files=files, compile_seconds=seconds))
-        log.info("Kiln: %s built its test programs in %.1fs and stored them in Kiln's cache%s", LABEL, seconds,
-                 "" if entry is None else " (the stored ones were for another compiler or torch)")
+        if child.returncode != 0:
+            last = (errors or "").strip().splitlines()[-1:] or ["no message"]
+            log.info("Kiln: %s: the background build failed (exit %d: %s); nothing stored", LABEL, child.returncode,
+                     last[0][:300])
+            return
+        new.compile_seconds = time.perf_counter() - start
+        new.files = read_files(work)
+        if new.files:  # none where Inductor builds none (cpp.vec_isa_ok set, not an x86 CPU)
+            _programs.update(new.files)
+            _store(store, new, f"built in {new.compile_seconds:.1f}s in the background")
+    except Exception as exc:  # a background thread says what went wrong, and never more
+        log.info("Kiln: %s: the background build was not stored (%s)", LABEL,
+                 error_text(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}")
+
+
+def _stop(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.kill()
+
+
+def _store(store: CacheStore, entry: Entry, how: str) -> None:
+    try:
+        store.write(entry)
+        log.info("Kiln: %s: stored its test programs in Kiln's cache (%s)", LABEL, how)
     except (CacheError, OSError) as exc:
         log.info("Kiln: %s: its test programs were not stored (%s)", LABEL, error_text(exc))
-

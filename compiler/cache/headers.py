@@ -12,12 +12,14 @@ the header's preprocessed text, the compiler flags and the compiler's version); 
 does not name is never read.
 
 The folder is shared by the user's processes. Kiln notes what it holds when it first looks in a
-process; a header that appears after that (built by this process's lowerings, or by another of the
-user's processes meanwhile) is stored once gcc has finished it (a `.gch` being written does not start
-with gcc's mark yet), together with the written-back headers Inductor asked for since: Inductor
-writes a header's small `.h` beside it whenever it asks for it, and Kiln writes back only the `.gch`,
-so one left without its `.h` (an older compiler's, after an update) drops out of the entry. Only
-gcc's headers are kept: clang's are checked against the time of the header they were built from.
+process, leaving out the headers built since Kiln was loaded (by a compile that did not use Kiln's
+cache, an uncached Kiln one or torch.compile's); a header that is not in that note (built by this
+process, or by another of the user's processes meanwhile) is stored once gcc has finished it (a
+`.gch` being written does not start with gcc's mark yet), together with the written-back headers
+Inductor asked for since: Inductor writes a header's small `.h` beside it whenever it asks for it,
+and Kiln writes back only the `.gch`, so one left without its `.h` (an older compiler's, after an
+update) drops out of the entry. Only gcc's headers are kept: clang's are checked against the time of
+the header they were built from.
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ MAX_SHARE = 0.25  # of the cache's size cap: a larger header would push the comp
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
-_found: Optional[set[str]] = None  # the folder's headers when Kiln first looked in this process
+_loaded_ns = time.time_ns()  # when this process loaded Kiln: a header built since then is this process's
+_found: Optional[set[str]] = None  # the folder's headers, built before Kiln was loaded, when Kiln first looked
 _kept: dict[str, set[str]] = {}  # per cache (its root): the headers this process wrote back from it or stored
 _refused = ""  # why the folder cannot be used (said once)
 _said_clang = False
@@ -62,49 +65,51 @@ def header_fields() -> dict:
 def restore(store: CacheStore, use_stored: bool = True) -> None:
     """Once a process for each cache, before its first CPU lowering with it: write into Inductor's
     header folder the headers kept there that the folder lacks (none with `use_stored` False: the
-    cache's refresh mode). The first call also notes what the folder holds. Nothing here stops a
-    compile: whatever fails costs the header's build, said in the log."""
+    cache's refresh mode). The first call also notes the headers the folder held before Kiln was
+    loaded. Nothing here stops a compile: whatever fails costs the header's build, said in the log."""
     global _found
     if store.root in _kept:
         return
     _kept[store.root] = set()
-    folder = None
+    folder, written = None, []
     try:
         folder = compat.inductor_header_dir()
         if folder is not None and use_stored:
-            _restore_from(store, folder)
+            written = _restore_from(store, folder)
     except Exception as exc:  # the cache never stops a compile
         log.warning("Kiln: %s were not written back (%s); Inductor builds what it lacks", LABEL, _said(exc))
     if _found is None:
-        _found = set(_headers_in(_listing(folder), folder)) if folder else set()
+        _found = set(_headers_in(_listing(folder), folder, built_before=_loaded_ns)) if folder else set()
+    _found.update(written)  # Kiln's own writing, not a header that appeared
 
 
-def _restore_from(store: CacheStore, folder: str) -> None:
+def _restore_from(store: CacheStore, folder: str) -> list[str]:
+    """The names of the kept headers written back into `folder`."""
     start = time.perf_counter()
     entry, reason = read_or_refuse(store, entry_key(header_fields()), "Inductor builds its headers")
     if reason:
         log.info("Kiln: %s: none kept (%s)", LABEL, reason)
     if entry is None:
-        return
+        return []
     try:
         written = _write_back(folder, entry.files)
     except FolderRefused as exc:
         _refuse(str(exc))
-        return
+        return []
     except ValueError as exc:  # a newer header stored by this process replaces the entry
         log.warning("Kiln: %s were not written back (%s); Inductor builds what it lacks", LABEL, exc)
-        return
+        return []
     _kept[store.root].update(entry.files)
-    if _found is not None:
-        _found.update(written)  # Kiln's own writing, not a header that appeared
     if written:
         log.info("Kiln: %s: wrote %s back from Kiln's cache into %s (%.1f MiB, %.1fs)", LABEL, ", ".join(written),
                  folder, sum(len(entry.files[n]) for n in written) / 2**20, time.perf_counter() - start)
+    return written
 
 
 def keep_new(store: CacheStore) -> None:
-    """After a CPU lowering: when Inductor's folder holds a finished header that was not there when
-    Kiln first looked, store it as the cache's entry, with the written-back ones Inductor asked for."""
+    """After a CPU lowering: when Inductor's folder holds a finished header that Kiln did not note when
+    it first looked (one built since Kiln was loaded), store it as the cache's entry, with the
+    written-back ones Inductor asked for."""
     try:
         folder = compat.inductor_header_dir()
         if folder is None or _found is None or _refused or store.root not in _kept or not os.path.isdir(folder):
@@ -217,8 +222,9 @@ def _listing(folder: str) -> list[str]:
         return []
 
 
-def _headers_in(names: list[str], folder: str) -> list[str]:
-    """Of `names` (listed in `folder`), the regular files named as precompiled headers."""
+def _headers_in(names: list[str], folder: str, built_before: Optional[int] = None) -> list[str]:
+    """Of `names` (listed in `folder`), the regular files named as precompiled headers (last written
+    before `built_before`, in nanoseconds since the epoch, where given)."""
     found = []
     for name in names:
         if not NAME.fullmatch(name):
@@ -227,7 +233,7 @@ def _headers_in(names: list[str], folder: str) -> list[str]:
             info = os.lstat(os.path.join(folder, name))
         except OSError:
             continue
-        if stat.S_ISREG(info.st_mode):
+        if stat.S_ISREG(info.st_mode) and (built_before is None or info.st_mtime_ns < built_before):
             found.append(name)
     return found
 

@@ -1,7 +1,8 @@
 """Kiln's cache end to end, each run a fresh process as after a restart: a cold compile stores an entry;
 the next process loads it with no Inductor compile and the same output; another weight set of the
 same architecture hits and gives its own output; a changed Kiln option misses and says so; a region's
-graph, compiled by blocks, loads the same way."""
+graph, compiled by blocks, loads the same way; a process whose first compile was uncached still keeps
+Inductor's CPU probe and header for the next."""
 import glob
 import json
 import os
@@ -36,14 +37,15 @@ def header_files(inductor_dir) -> dict[str, bytes]:
     return found
 
 
-def run(cache_dir, seed, out, switch="auto", inductor_dir=None, model="small") -> dict:
+def run(cache_dir, seed, out, switch="auto", inductor_dir=None, model="small", first="") -> dict:
+    """The child's report, with Kiln's log as "log"."""
     # a fresh Inductor cache and temporary folder (where Inductor keeps its precompiled headers): only Kiln's can help
     os.makedirs(f"{inductor_dir}-temp", mode=0o700)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(inductor_dir), TMPDIR=f"{inductor_dir}-temp")
-    done = subprocess.run([sys.executable, CHILD, str(cache_dir), str(seed), str(out), switch, model], env=env,
+    done = subprocess.run([sys.executable, CHILD, str(cache_dir), str(seed), str(out), switch, model, first], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]), log=done.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +88,22 @@ def test_a_fresh_temporary_folder_gets_inductors_headers_back_and_builds_none(co
     for path in glob.glob(os.path.join(f"{root / 'inductor-headers'}-temp", "torchinductor_*", "precompiled_headers",
                                        "*.gch")):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # written back by Kiln, not built by gcc
+
+
+def test_a_process_whose_first_compile_was_uncached_still_keeps_the_probe_and_the_header(tmp_path):
+    """A server's first CPU compile did not use Kiln's cache: Inductor probed the CPU and built its header
+    in its own folders. The first cached compile still stores both, and the next start, its temporary
+    folder cleared, builds neither."""
+    first = run(tmp_path / "cache", 0, tmp_path / "first.pt", inductor_dir=tmp_path / "inductor-first", first="uncached")
+    assert "being built in the background" in first["log"] and "built in" in first["log"]
+    entries = os.listdir(tmp_path / "cache" / "entries")
+    assert PROBE_ENTRY in entries
+    later = run(tmp_path / "cache", 0, tmp_path / "later.pt", inductor_dir=tmp_path / "inductor-later")
+    assert "loaded its test programs from Kiln's cache" in later["log"]
+    assert later["events"][0]["outcome"] == "hit"
+    if compat.inductor_header_dir() is not None:
+        assert HEADER_ENTRY in entries
+        assert header_files(tmp_path / "inductor-later") == header_files(tmp_path / "inductor-first")
 
 
 def test_another_weight_set_of_the_architecture_hits_with_its_own_output(cold):

@@ -30,10 +30,13 @@ class FakeProbe:
 
     PROGRAMS = ("ab/cavx512.cpp", "ab/cavx512.so", "cd/cavx2.cpp", "cd/cavx2.so")
 
-    def __init__(self, monkeypatch, programs=PROGRAMS):
-        self.programs, self.builds, self.dirs, self.done = programs, 0, [], False
+    def __init__(self, monkeypatch, programs=PROGRAMS, child_exit=0):
+        self.programs, self.builds, self.dirs, self.done, self.children = programs, 0, [], False, []
+        self.child_exit, self.monkeypatch = child_exit, monkeypatch
         monkeypatch.setattr(compat, "detect_cpu_vector_isa", self)
+        monkeypatch.setattr(compat, "start_cpu_probe_child", self.start_child)
         monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: self.done)
+        self.new_process()
 
     def __call__(self):
         from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -47,8 +50,31 @@ class FakeProbe:
                 self.builds += 1
         self.done = True
 
+    def start_child(self, cache_dir):
+        """The probe in a child process: the programs into `cache_dir`; this process's answer unchanged."""
+        self.children.append(cache_dir)
+        code = ("import os, sys, time\n"
+                "time.sleep(0.5)\n"
+                "for name in sys.argv[2:]:\n"
+                "    path = os.path.join(sys.argv[1], *name.split('/'))\n"
+                "    os.makedirs(os.path.dirname(path), exist_ok=True)\n"
+                "    open(path, 'wb').write(b'program ' + name.encode())\n"
+                f"sys.exit({self.child_exit})\n")
+        return subprocess.Popen([sys.executable, "-c", code, cache_dir, *self.programs], stderr=subprocess.PIPE,
+                                text=True)
+
     def new_process(self):
         self.done = False
+        self.monkeypatch.setattr(cpu_probe, "_looked", set())
+        self.monkeypatch.setattr(cpu_probe, "_programs", {})
+        self.monkeypatch.setattr(cpu_probe, "_building", [])
+
+    def probed_without_kiln(self, where):
+        """As a first CPU compile that did not use Kiln's cache: the probe ran in Inductor's own folder."""
+        from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+        with temporary_cache_dir(str(where)):
+            self()
 
 
 def _store(tmp_path) -> CacheStore:
@@ -59,7 +85,7 @@ def test_the_programs_are_built_once_and_a_later_process_builds_none(tmp_path, m
     probe = FakeProbe(monkeypatch)
     with caplog.at_level(logging.INFO, logger="kiln"):
         cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
-    assert probe.builds == 4 and "stored them in Kiln's cache" in caplog.text
+    assert probe.builds == 4 and "stored its test programs in Kiln's cache (built in" in caplog.text
     assert probe.dirs[0].startswith(os.path.join(os.path.realpath(tmp_path), "work"))  # Kiln's folder, not Inductor's
     entry = _store(tmp_path).read(entry_key(cpu_probe.probe_fields()))
     assert sorted(entry.files) == sorted(FakeProbe.PROGRAMS)
@@ -71,14 +97,99 @@ def test_the_programs_are_built_once_and_a_later_process_builds_none(tmp_path, m
     assert probe.builds == 4 and probe.done and "loaded its test programs from Kiln's cache" in caplog.text
 
 
-def test_once_a_process_and_not_at_all_when_inductor_probed_already(tmp_path, monkeypatch):
+def _entry_files(tmp_path):
+    entry = _store(tmp_path).read(entry_key(cpu_probe.probe_fields()))
+    return None if entry is None else sorted(entry.files)
+
+
+def test_once_a_process_and_a_second_cache_gets_the_same_programs_without_a_build(tmp_path, monkeypatch):
     probe = FakeProbe(monkeypatch)
     cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
     cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
     assert len(probe.dirs) == 1
     other = tmp_path / "other"
-    cpu_probe.detect_cpu_vector_isa(_store(other))  # this process probed: nothing read, nothing stored
-    assert len(probe.dirs) == 1 and list(_store(other).headers()) == []
+    cpu_probe.detect_cpu_vector_isa(_store(other))  # a second model of the server, with a cache of its own
+    assert len(probe.dirs) == 1 and _entry_files(other) == sorted(FakeProbe.PROGRAMS)
+
+
+def finish_background():
+    for thread in cpu_probe._building:
+        thread.join(60)
+        assert not thread.is_alive()
+
+
+def test_a_process_that_probed_before_it_used_the_cache_has_the_programs_built_in_the_background(
+        tmp_path, monkeypatch, caplog):
+    """Its first CPU compile was uncached (or torch.compile's): the probe ran in Inductor's folder. The
+    first cache it uses that lacks the entry gets the programs, built by a child process in Kiln's
+    folder while the compile goes on (one build at a time); another cache gets the same files, and the
+    next process builds none."""
+    probe = FakeProbe(monkeypatch)
+    probe.probed_without_kiln(tmp_path / "inductor")
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path / "cache"))
+        assert "being built in the background for the next start" in caplog.text
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path / "other"))  # meanwhile: no second build
+        assert len(probe.children) == 1 and _entry_files(tmp_path / "other") is None
+        finish_background()
+    assert "stored its test programs in Kiln's cache (built in" in caplog.text
+    assert len(probe.children) == 1 and probe.children[0].startswith(os.path.realpath(tmp_path / "cache" / "work"))
+    assert _entry_files(tmp_path / "cache") == sorted(FakeProbe.PROGRAMS)
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path / "cache"))
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path / "other"))
+    assert len(probe.children) == 1 and _entry_files(tmp_path / "other") == sorted(FakeProbe.PROGRAMS)
+
+    probe.new_process()
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path / "cache"))
+    assert probe.builds == 4 and probe.done  # only the first process's own probe built any
+
+
+def test_a_background_build_that_fails_stores_nothing_and_says_why(tmp_path, monkeypatch, caplog):
+    probe = FakeProbe(monkeypatch, child_exit=3)
+    probe.probed_without_kiln(tmp_path / "inductor")
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+        finish_background()
+    assert "the background build failed (exit 3" in caplog.text and _entry_files(tmp_path) is None
+
+
+def test_a_background_build_that_cannot_start_or_takes_too_long_stores_nothing(tmp_path, monkeypatch, caplog):
+    probe = FakeProbe(monkeypatch)
+    probe.probed_without_kiln(tmp_path / "inductor")
+    monkeypatch.setattr(compat, "start_cpu_probe_child", lambda cache_dir: (_ for _ in ()).throw(
+        OSError("this Python does not know its own program (sys.executable is empty)")))
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path / "one"))
+    assert "cannot be built for it (this Python does not know its own program" in caplog.text
+
+    monkeypatch.setattr(compat, "start_cpu_probe_child", lambda cache_dir: subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], stderr=subprocess.PIPE, text=True))
+    monkeypatch.setattr(cpu_probe, "CHILD_SECONDS", 0.5)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path / "two"))
+        finish_background()
+    assert "took more than 0.5s and was stopped; nothing stored" in caplog.text
+    assert _entry_files(tmp_path / "one") is None and _entry_files(tmp_path / "two") is None
+
+
+def test_a_process_that_probed_before_finds_the_entry_and_builds_nothing(tmp_path, monkeypatch):
+    probe = FakeProbe(monkeypatch)
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    probe.new_process()
+    probe.probed_without_kiln(tmp_path / "inductor")
+    writes = []
+    monkeypatch.setattr(CacheStore, "write", lambda self, entry: writes.append(entry))
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    assert (probe.builds, probe.children, writes) == (8, [], [])
+
+
+def test_where_inductor_builds_no_programs_a_process_that_probed_before_stores_nothing(tmp_path, monkeypatch, caplog):
+    probe = FakeProbe(monkeypatch, programs=())  # cpp.vec_isa_ok set, or not an x86 CPU
+    probe.probed_without_kiln(tmp_path / "inductor")
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+        finish_background()
+    assert _entry_files(tmp_path) is None and "not stored" not in caplog.text and "failed" not in caplog.text
 
 
 def test_the_entry_is_keyed_by_the_machine_torch_and_python_not_by_kiln(monkeypatch):

@@ -7,11 +7,12 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
 from kiln.compiler import compat
-from kiln.compiler.cache import CacheOptions, CacheStore, Entry, GraphCache, entry_key, headers
+from kiln.compiler.cache import CacheOptions, CacheStore, Entry, GraphCache, cpu_probe, entry_key, headers
 
 HEADER, GCH = "cabc123.h", "cabc123.h.gch"
 DONE = b"gpch+014 a precompiled header"  # a finished .gch starts with gcc's mark
@@ -27,7 +28,9 @@ def folder(tmp_path, monkeypatch):
 
 
 def new_process(monkeypatch):
-    for name, value in (("_found", None), ("_kept", {}), ("_refused", ""), ("_said_clang", False)):
+    """A process that loads Kiln now: what the folder holds was built before it."""
+    for name, value in (("_found", None), ("_kept", {}), ("_refused", ""), ("_said_clang", False),
+                        ("_loaded_ns", time.time_ns())):
         monkeypatch.setattr(headers, name, value)
 
 
@@ -131,16 +134,30 @@ def test_headers_already_there_are_neither_replaced_nor_stored_and_each_cache_is
     headers.restore(store(tmp_path))
     build(folder, GCH, b"gpch kept")
     headers.keep_new(store(tmp_path))
-    new_process(monkeypatch)
     build(folder, GCH, b"gpch built by another process before this one")
     build(folder, "cother.h.gch", b"gpch another torch's")
+    new_process(monkeypatch)
     headers.restore(store(tmp_path))
     assert (folder / GCH).read_bytes() == b"gpch built by another process before this one"
     headers.keep_new(store(tmp_path))
-    assert kept(tmp_path) == {GCH: b"gpch kept"}  # what was there before this process looked is not stored
+    assert kept(tmp_path) == {GCH: b"gpch kept"}  # what was built before this process loaded Kiln is not stored
     os.remove(folder / GCH)
     headers.restore(store(tmp_path))  # once a process for a cache
     assert not (folder / GCH).exists()
+
+
+def test_a_header_built_before_the_first_look_by_a_compile_without_the_cache_is_kept(tmp_path, folder, monkeypatch):
+    """The process's first CPU compile did not use Kiln's cache (an uncached Kiln compile, torch.compile)
+    and built the header; its first lowering with the cache stores it, and a later process whose folder
+    was cleared gets it back."""
+    build(folder, GCH)  # after the process loaded Kiln
+    headers.restore(store(tmp_path))
+    headers.keep_new(store(tmp_path))
+    assert kept(tmp_path) == {GCH: DONE}
+    new_process(monkeypatch)
+    clear(folder)
+    headers.restore(store(tmp_path))
+    assert os.listdir(folder) == [GCH]
 
 
 def test_each_cache_a_process_uses_writes_its_headers_back(tmp_path, folder, monkeypatch):
@@ -305,7 +322,7 @@ def test_a_folder_made_under_a_permissive_umask_is_refused_once_with_what_to_do(
 
 def test_a_graph_cache_in_refresh_mode_writes_nothing_back(tmp_path, folder, monkeypatch):
     kept_then_gone(tmp_path, folder, monkeypatch)
-    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
+    monkeypatch.setattr(cpu_probe, "detect_cpu_vector_isa", lambda store, use_stored: None)  # not this test's
 
     def lowering():
         from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -363,7 +380,7 @@ def test_inductors_folder_is_in_the_temporary_folder_not_its_cache_dir(tmp_path)
 
 def test_a_cpu_lowering_writes_the_headers_back_before_it_runs_and_keeps_those_it_built(tmp_path, folder,
                                                                                          monkeypatch):
-    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)  # the CPU probe: not this test's
+    monkeypatch.setattr(cpu_probe, "detect_cpu_vector_isa", lambda store, use_stored: None)  # not this test's
     seen = []
 
     def lowering():
