@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import os
 import platform
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -375,17 +376,49 @@ cpu_vec_isa.valid_vec_isa_list()
 """
 
 
+def cpu_probe_builds_programs() -> bool:
+    """Whether Inductor's probe builds test programs here: an x86 CPU on Linux or Windows, and no
+    `cpp.vec_isa_ok` answering for it (elsewhere it decides without building; checked: torch 2.5 - 2.14)."""
+    from torch._inductor import config as inductor_config
+
+    return (sys.platform in ("linux", "win32") and platform.machine() in ("x86_64", "AMD64")
+            and inductor_config.cpp.vec_isa_ok is None)
+
+
 def start_cpu_probe_child(cache_dir: str) -> subprocess.Popen:
     """Start Inductor's own probe of the CPU (`valid_vec_isa_list`, as detect_cpu_vector_isa) in a
-    child process of this Python at a lower priority, its Inductor cache directory `cache_dir`: it
-    builds there the test programs a fresh process builds, without touching this process's answer
-    (Inductor keeps it in caches that checking one set again would replace; checked: torch 2.5 - 2.14).
-    Its error output is piped (`communicate` it); OSError where no child can be started."""
+    child process of this Python at a lower priority, in a session (POSIX) of its own, its Inductor
+    cache directory and working folder `cache_dir`: it builds there the test programs a fresh process
+    builds, without touching this process's answer (Inductor keeps it in caches that checking one set
+    again would replace; checked: torch 2.5 - 2.14). Its error output is piped (`communicate` it);
+    OSError where no child can be started; stop_child stops it and what it started."""
     if not sys.executable:
         raise OSError("this Python does not know its own program (sys.executable is empty)")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir)
-    return subprocess.Popen([sys.executable, "-c", _PROBE_CHILD], env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    where = ({"creationflags": subprocess.BELOW_NORMAL_PRIORITY_CLASS} if sys.platform == "win32"
+             else {"start_new_session": True})
+    return subprocess.Popen([sys.executable, "-c", _PROBE_CHILD], env=env, cwd=cache_dir, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace", **where)
+
+
+def stop_child(child: subprocess.Popen, wait_seconds: float = 5.0) -> None:
+    """Stop a child started by start_cpu_probe_child, with the compilers it started (its session, on
+    POSIX), and wait for it a little."""
+    if child.poll() is None:
+        try:
+            if sys.platform != "win32":
+                os.killpg(child.pid, signal.SIGKILL)
+            else:
+                child.kill()
+        except OSError:  # gone meanwhile, or not in a session of its own
+            try:
+                child.kill()
+            except OSError:
+                pass
+    try:
+        child.wait(timeout=wait_seconds)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def inductor_header_dir() -> Optional[str]:

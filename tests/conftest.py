@@ -23,6 +23,23 @@ def _no_grad():
 
 
 
+@pytest.fixture(autouse=True)
+def _no_background_cpu_probe(monkeypatch):
+    """Every test starts with the cache's CPU-probe bookkeeping of a fresh process, and none starts
+    Inductor's probe in a background child because an earlier test probed (compiler/cache/cpu_probe.py):
+    tests/cache/test_cpu_probe.py starts fake ones, and test_compile_cache.py a real one in a process
+    of its own."""
+    from kiln.compiler import compat
+    from kiln.compiler.cache import cpu_probe
+
+    def no_child(cache_dir):
+        raise OSError("no background probe in the unit tests")
+
+    for name, value in (("_looked", set()), ("_programs", {}), ("_building", [])):
+        monkeypatch.setattr(cpu_probe, name, value)
+    monkeypatch.setattr(compat, "start_cpu_probe_child", no_child)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_dynamo_per_module():
     """Every test module starts with empty TorchDynamo caches: the tests compile the same model

@@ -12,9 +12,11 @@ flags and the compiler), so after a compiler change it builds afresh and the ent
 
 A process whose probe ran before it first used Kiln's cache (its first CPU compile was an uncached
 Kiln one, or torch.compile's) has nothing of it in Kiln's folder. The first time it uses a cache that
-lacks the entry, Inductor's probe runs once more in a child process at a lower priority, into Kiln's
-folder, while the compile goes on (about 16 s on a 2-core CPU, once a process: another cache gets the
-same files), and the programs are stored when it ends, so that the next start finds them.
+lacks the entry (or, in the cache's refresh mode, any cache), Inductor's probe runs once more in a
+child process at a lower priority, into Kiln's folder, while the compile goes on (about 16 s on a
+2-core CPU, one such build at a time: another cache gets the same files once it is done), and the
+programs are stored when it ends, so that the next start finds them. A process that exits first stops
+it and stores nothing.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ _looked: set[str] = set()  # the caches (their roots) this process probed with o
 _programs: dict[str, bytes] = {}  # the test programs, once this process has them in Kiln's folder
 _building: list[threading.Thread] = []  # the background builds this process started (one at a time)
 CHILD_SECONDS = 600  # a probe in a child process that takes longer is stopped: nothing is stored
+_exiting = False  # the process is exiting: a build stopped now is not a failure to report
 
 LABEL = "Inductor's CPU instruction-set probe"
 
@@ -66,13 +69,14 @@ def detect_cpu_vector_isa(store: CacheStore, use_stored: bool = True) -> None:
         return
     if reason:
         log.info("Kiln: %s: no stored programs (%s)", LABEL, reason)
+    building = any(thread.is_alive() for thread in _building)  # before _programs, which a build fills last
     if probed and _programs:
         _store(store, Entry(key=key, fields=fields, files=dict(_programs)), "the ones this process has")
-    elif probed and any(thread.is_alive() for thread in _building):
+    elif probed and building:
         _looked.discard(store.root)  # one build at a time: this cache is looked at again at its next lowering
-    elif probed:
+    elif probed and compat.cpu_probe_builds_programs():
         _build_in_background(store, Entry(key=key, fields=fields, files={}))
-    else:
+    elif not probed:
         _probe(store, Entry(key=key, fields=fields, files={}), entry)
 
 
@@ -106,20 +110,24 @@ def _probe(store: CacheStore, new: Entry, entry: Optional[Entry]) -> None:
 def _build_in_background(store: CacheStore, new: Entry) -> None:
     """This process probed before it used Kiln's cache: Inductor's probe runs again in a child process,
     into Kiln's folder, and a thread stores the programs when it ends; the compile goes on meanwhile."""
+    child = None
     try:
         work = store.work_dir()
         child = compat.start_cpu_probe_child(work)
-    except (CacheError, OSError) as exc:
+        atexit.register(_stop, child)  # before the work folder is removed (atexit runs the latest first)
+        thread = threading.Thread(target=_store_when_built, args=(store, new, child, work, time.perf_counter()),
+                                  name="kiln-cpu-probe", daemon=True)
+        thread.start()
+    except (CacheError, OSError, RuntimeError, ValueError) as exc:  # RuntimeError: no thread can be started
+        if child is not None:
+            compat.stop_child(child)
         log.info("Kiln: %s: this process probed before it used Kiln's cache, and its test programs cannot be "
-                 "built for it (%s); the next start probes in Kiln's folder", LABEL, error_text(exc))
+                 "built for it (%s); the next start probes in Kiln's folder", LABEL,
+                 error_text(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}")
         return
-    atexit.register(_stop, child)  # before the work folder is removed (atexit runs the latest first)
+    _building.append(thread)
     log.info("Kiln: %s: this process probed before it used Kiln's cache; its test programs are being built in "
              "the background for the next start", LABEL)
-    thread = threading.Thread(target=_store_when_built, args=(store, new, child, work, time.perf_counter()),
-                              name="kiln-cpu-probe", daemon=True)
-    _building.append(thread)
-    thread.start()
 
 
 def _store_when_built(store: CacheStore, new: Entry, child: subprocess.Popen, work: str, start: float) -> None:
@@ -127,11 +135,12 @@ def _store_when_built(store: CacheStore, new: Entry, child: subprocess.Popen, wo
         try:
             _, errors = child.communicate(timeout=CHILD_SECONDS)
         except subprocess.TimeoutExpired:
-            child.kill()
-            child.communicate()
+            compat.stop_child(child)
             log.info("Kiln: %s: the background build took more than %ss and was stopped; nothing stored", LABEL,
                      CHILD_SECONDS)
             return
+        if _exiting:
+            return  # stopped as the process exits: nothing to say
         if child.returncode != 0:
             last = (errors or "").strip().splitlines()[-1:] or ["no message"]
             log.info("Kiln: %s: the background build failed (exit %d: %s); nothing stored", LABEL, child.returncode,
@@ -139,17 +148,24 @@ def _store_when_built(store: CacheStore, new: Entry, child: subprocess.Popen, wo
             return
         new.compile_seconds = time.perf_counter() - start
         new.files = read_files(work)
-        if new.files:  # none where Inductor builds none (cpp.vec_isa_ok set, not an x86 CPU)
-            _programs.update(new.files)
-            _store(store, new, f"built in {new.compile_seconds:.1f}s in the background")
+        if not new.files:
+            log.info("Kiln: %s: the background build made no test programs here; nothing to keep", LABEL)
+            return
+        _programs.update(new.files)
+        _store(store, new, f"built in {new.compile_seconds:.1f}s in the background")
+    except OSError as exc:
+        if not _exiting:
+            log.info("Kiln: %s: the background build was not stored (%s)", LABEL, error_text(exc))
     except Exception as exc:  # a background thread says what went wrong, and never more
-        log.info("Kiln: %s: the background build was not stored (%s)", LABEL,
-                 error_text(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}")
+        if not _exiting:
+            log.warning("Kiln: %s: the background build was not stored (%s: %s)", LABEL, type(exc).__name__, exc)
 
 
 def _stop(child: subprocess.Popen) -> None:
-    if child.poll() is None:
-        child.kill()
+    """At exit: the build is stopped, and its thread says nothing more."""
+    global _exiting
+    _exiting = True
+    compat.stop_child(child, wait_seconds=2.0)
 
 
 def _store(store: CacheStore, entry: Entry, how: str) -> None:

@@ -71,11 +71,11 @@ def restore(store: CacheStore, use_stored: bool = True) -> None:
     if store.root in _kept:
         return
     _kept[store.root] = set()
-    folder, written = None, []
+    folder, written = None, []  # written: the names Kiln wrote back, even where it then failed
     try:
         folder = compat.inductor_header_dir()
         if folder is not None and use_stored:
-            written = _restore_from(store, folder)
+            _restore_from(store, folder, written)
     except Exception as exc:  # the cache never stops a compile
         log.warning("Kiln: %s were not written back (%s); Inductor builds what it lacks", LABEL, _said(exc))
     if _found is None:
@@ -83,27 +83,26 @@ def restore(store: CacheStore, use_stored: bool = True) -> None:
     _found.update(written)  # Kiln's own writing, not a header that appeared
 
 
-def _restore_from(store: CacheStore, folder: str) -> list[str]:
-    """The names of the kept headers written back into `folder`."""
+def _restore_from(store: CacheStore, folder: str, written: list[str]) -> None:
+    """Write the kept headers `folder` lacks back into it, their names added to `written` as each is."""
     start = time.perf_counter()
     entry, reason = read_or_refuse(store, entry_key(header_fields()), "Inductor builds its headers")
     if reason:
         log.info("Kiln: %s: none kept (%s)", LABEL, reason)
     if entry is None:
-        return []
+        return
     try:
-        written = _write_back(folder, entry.files)
+        _write_back(folder, entry.files, written)
     except FolderRefused as exc:
         _refuse(str(exc))
-        return []
+        return
     except ValueError as exc:  # a newer header stored by this process replaces the entry
         log.warning("Kiln: %s were not written back (%s); Inductor builds what it lacks", LABEL, exc)
-        return []
+        return
     _kept[store.root].update(entry.files)
     if written:
         log.info("Kiln: %s: wrote %s back from Kiln's cache into %s (%.1f MiB, %.1fs)", LABEL, ", ".join(written),
                  folder, sum(len(entry.files[n]) for n in written) / 2**20, time.perf_counter() - start)
-    return written
 
 
 def keep_new(store: CacheStore) -> None:
@@ -162,10 +161,10 @@ def _refuse(why: str) -> None:
         log.warning("Kiln: %s are not kept (%s); Inductor builds them where they are missing", LABEL, why)
 
 
-def _write_back(folder: str, files: dict[str, bytes]) -> list[str]:
+def _write_back(folder: str, files: dict[str, bytes], written: list[str]) -> None:
     """Write each of `files` that `folder` lacks (the folder made, private, if missing; never into one
-    that is a link or that others could change), each whole or not at all, never over a file. The names
-    written."""
+    that is a link or that others could change), each whole or not at all, never over a file; each name
+    is added to `written` once its file is there."""
     bad = [name for name in files if not NAME.fullmatch(name)]
     if bad:
         raise ValueError(f"the entry's file {bad[0][:80]!r} is not a precompiled header's name")
@@ -173,7 +172,6 @@ def _write_back(folder: str, files: dict[str, bytes]) -> list[str]:
         if not os.path.lexists(path):
             os.mkdir(path, 0o700)
     _check_folder(folder)
-    written = []
     for name, data in sorted(files.items()):
         path = os.path.join(folder, name)
         if os.path.lexists(path):
@@ -191,7 +189,6 @@ def _write_back(folder: str, files: dict[str, bytes]) -> list[str]:
                 os.remove(temp)
             except OSError:
                 pass
-    return written
 
 
 class FolderRefused(ValueError):

@@ -30,9 +30,9 @@ class FakeProbe:
 
     PROGRAMS = ("ab/cavx512.cpp", "ab/cavx512.so", "cd/cavx2.cpp", "cd/cavx2.so")
 
-    def __init__(self, monkeypatch, programs=PROGRAMS, child_exit=0):
+    def __init__(self, monkeypatch, programs=PROGRAMS, child_exit=0, gate=None):
         self.programs, self.builds, self.dirs, self.done, self.children = programs, 0, [], False, []
-        self.child_exit, self.monkeypatch = child_exit, monkeypatch
+        self.child_exit, self.gate, self.monkeypatch, self.started = child_exit, gate, monkeypatch, []
         monkeypatch.setattr(compat, "detect_cpu_vector_isa", self)
         monkeypatch.setattr(compat, "start_cpu_probe_child", self.start_child)
         monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: self.done)
@@ -54,20 +54,26 @@ class FakeProbe:
         """The probe in a child process: the programs into `cache_dir`; this process's answer unchanged."""
         self.children.append(cache_dir)
         code = ("import os, sys, time\n"
-                "time.sleep(0.5)\n"
+                f"gate, end = {str(self.gate) if self.gate else ''!r}, time.time() + 30\n"
+                "while gate and not os.path.exists(gate) and time.time() < end:\n"
+                "    time.sleep(0.05)\n"
                 "for name in sys.argv[2:]:\n"
                 "    path = os.path.join(sys.argv[1], *name.split('/'))\n"
                 "    os.makedirs(os.path.dirname(path), exist_ok=True)\n"
                 "    open(path, 'wb').write(b'program ' + name.encode())\n"
                 f"sys.exit({self.child_exit})\n")
-        return subprocess.Popen([sys.executable, "-c", code, cache_dir, *self.programs], stderr=subprocess.PIPE,
-                                text=True)
+        child = subprocess.Popen([sys.executable, "-c", code, cache_dir, *self.programs], stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)
+        self.started.append(child)
+        return child
 
     def new_process(self):
         self.done = False
         self.monkeypatch.setattr(cpu_probe, "_looked", set())
         self.monkeypatch.setattr(cpu_probe, "_programs", {})
         self.monkeypatch.setattr(cpu_probe, "_building", [])
+        self.monkeypatch.setattr(cpu_probe, "_exiting", False)
+        self.monkeypatch.setattr(compat, "cpu_probe_builds_programs", lambda: True)
 
     def probed_without_kiln(self, where):
         """As a first CPU compile that did not use Kiln's cache: the probe ran in Inductor's own folder."""
@@ -124,13 +130,14 @@ def test_a_process_that_probed_before_it_used_the_cache_has_the_programs_built_i
     first cache it uses that lacks the entry gets the programs, built by a child process in Kiln's
     folder while the compile goes on (one build at a time); another cache gets the same files, and the
     next process builds none."""
-    probe = FakeProbe(monkeypatch)
+    probe = FakeProbe(monkeypatch, gate=tmp_path / "go")
     probe.probed_without_kiln(tmp_path / "inductor")
     with caplog.at_level(logging.INFO, logger="kiln"):
         cpu_probe.detect_cpu_vector_isa(_store(tmp_path / "cache"))
         assert "being built in the background for the next start" in caplog.text
         cpu_probe.detect_cpu_vector_isa(_store(tmp_path / "other"))  # meanwhile: no second build
         assert len(probe.children) == 1 and _entry_files(tmp_path / "other") is None
+        (tmp_path / "go").touch()
         finish_background()
     assert "stored its test programs in Kiln's cache (built in" in caplog.text
     assert len(probe.children) == 1 and probe.children[0].startswith(os.path.realpath(tmp_path / "cache" / "work"))
@@ -163,7 +170,8 @@ def test_a_background_build_that_cannot_start_or_takes_too_long_stores_nothing(t
     assert "cannot be built for it (this Python does not know its own program" in caplog.text
 
     monkeypatch.setattr(compat, "start_cpu_probe_child", lambda cache_dir: subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"], stderr=subprocess.PIPE, text=True))
+        [sys.executable, "-c", "import time; time.sleep(60)"], stderr=subprocess.PIPE, text=True,
+        start_new_session=True))
     monkeypatch.setattr(cpu_probe, "CHILD_SECONDS", 0.5)
     with caplog.at_level(logging.INFO, logger="kiln"):
         cpu_probe.detect_cpu_vector_isa(_store(tmp_path / "two"))
@@ -183,13 +191,45 @@ def test_a_process_that_probed_before_finds_the_entry_and_builds_nothing(tmp_pat
     assert (probe.builds, probe.children, writes) == (8, [], [])
 
 
-def test_where_inductor_builds_no_programs_a_process_that_probed_before_stores_nothing(tmp_path, monkeypatch, caplog):
-    probe = FakeProbe(monkeypatch, programs=())  # cpp.vec_isa_ok set, or not an x86 CPU
+def test_where_inductor_builds_no_programs_a_process_that_probed_before_starts_no_build(tmp_path, monkeypatch):
+    probe = FakeProbe(monkeypatch)
+    monkeypatch.setattr(compat, "cpu_probe_builds_programs", lambda: False)  # cpp.vec_isa_ok set, or not x86
+    probe.probed_without_kiln(tmp_path / "inductor")
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    assert probe.children == [] and _entry_files(tmp_path) is None
+
+
+def test_a_background_build_that_makes_no_programs_stores_nothing_and_says_so(tmp_path, monkeypatch, caplog):
+    probe = FakeProbe(monkeypatch, programs=())
     probe.probed_without_kiln(tmp_path / "inductor")
     with caplog.at_level(logging.INFO, logger="kiln"):
         cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
         finish_background()
-    assert _entry_files(tmp_path) is None and "not stored" not in caplog.text and "failed" not in caplog.text
+    assert _entry_files(tmp_path) is None and "made no test programs here; nothing to keep" in caplog.text
+
+
+def test_a_build_running_when_the_process_exits_is_stopped_quietly(tmp_path, monkeypatch, caplog):
+    probe = FakeProbe(monkeypatch, gate=tmp_path / "never")
+    probe.probed_without_kiln(tmp_path / "inductor")
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+        cpu_probe._stop(probe.started[0])  # what atexit runs
+        finish_background()
+    assert probe.started[0].returncode is not None and _entry_files(tmp_path) is None
+    assert "failed" not in caplog.text and "not stored" not in caplog.text
+
+
+def test_a_build_whose_thread_cannot_start_stops_its_child_and_the_compile_goes_on(tmp_path, monkeypatch, caplog):
+    import threading
+
+    probe = FakeProbe(monkeypatch, gate=tmp_path / "never")
+    probe.probed_without_kiln(tmp_path / "inductor")
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (_ for _ in ()).throw(
+        RuntimeError("can't start new thread")))
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    assert "cannot be built for it (RuntimeError: can't start new thread)" in caplog.text
+    assert probe.started[0].returncode is not None and cpu_probe._building == []
 
 
 def test_the_entry_is_keyed_by_the_machine_torch_and_python_not_by_kiln(monkeypatch):

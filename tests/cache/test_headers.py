@@ -150,7 +150,8 @@ def test_a_header_built_before_the_first_look_by_a_compile_without_the_cache_is_
     """The process's first CPU compile did not use Kiln's cache (an uncached Kiln compile, torch.compile)
     and built the header; its first lowering with the cache stores it, and a later process whose folder
     was cleared gets it back."""
-    build(folder, GCH)  # after the process loaded Kiln
+    build(folder, GCH)  # after the process loaded Kiln (said outright: a file's time can lag the clock a tick)
+    os.utime(folder / GCH, ns=(headers._loaded_ns + 10**9, headers._loaded_ns + 10**9))
     headers.restore(store(tmp_path))
     headers.keep_new(store(tmp_path))
     assert kept(tmp_path) == {GCH: DONE}
@@ -217,6 +218,32 @@ def test_a_signed_entry_with_a_name_that_is_not_a_headers_writes_nothing(tmp_pat
         said = f"were not written back (the entry's file {name[:80]!r} is not a precompiled header's name)"
         assert said in caplog.text
     assert not folder.exists() and not (tmp_path / "torchinductor_me" / "escape.h.gch").exists()
+
+
+def test_a_write_back_that_fails_midway_keeps_the_entry_whole(tmp_path, folder, monkeypatch, caplog):
+    """The disk fills after the first of two headers is written back: the entry keeps both (the one
+    written back is Kiln's own, not a header this process built)."""
+    headers.restore(store(tmp_path))
+    build(folder, GCH)
+    build(folder, "cwrapper.h.gch", b"gpch another header")
+    headers.keep_new(store(tmp_path))
+    new_process(monkeypatch)
+    clear(folder)
+    real_link, links = os.link, []
+
+    def link_then_full(source, target):
+        if links:
+            raise OSError(28, "No space left on device")
+        links.append(target)
+        real_link(source, target)
+
+    monkeypatch.setattr(headers.os, "link", link_then_full)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        headers.restore(store(tmp_path))
+    assert "were not written back (No space left on device)" in caplog.text and len(os.listdir(folder)) == 1
+    ask(folder, os.listdir(folder)[0])
+    headers.keep_new(store(tmp_path))
+    assert sorted(kept(tmp_path)) == sorted([GCH, "cwrapper.h.gch"])
 
 
 def test_a_tampered_entry_is_refused_and_removed(tmp_path, folder, monkeypatch, caplog):
