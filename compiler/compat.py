@@ -369,11 +369,22 @@ def detect_cpu_vector_isa() -> None:
 
 _PROBE_CHILD = """
 import os
-if hasattr(os, "nice"):
-    os.nice(10)
+try:  # runs only on a CPU nothing else wants (Linux; the compilers it starts inherit it)
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+except (AttributeError, OSError):
+    if hasattr(os, "nice"):
+        os.nice(19)
 from torch._inductor import cpu_vec_isa
-cpu_vec_isa.valid_vec_isa_list()
+print(" ".join(sorted(str(isa).replace(" ", "+") for isa in cpu_vec_isa.valid_vec_isa_list())))
 """
+
+
+def cpu_vector_isa_answer() -> str:
+    """Inductor's answer to its probe in this process, as start_cpu_probe_child's child prints its own:
+    the valid sets' names, sorted, spaces within a name as '+'."""
+    from torch._inductor import cpu_vec_isa
+
+    return " ".join(sorted(str(isa).replace(" ", "+") for isa in cpu_vec_isa.valid_vec_isa_list()))
 
 
 def cpu_probe_builds_programs() -> bool:
@@ -387,18 +398,21 @@ def cpu_probe_builds_programs() -> bool:
 
 def start_cpu_probe_child(cache_dir: str) -> subprocess.Popen:
     """Start Inductor's own probe of the CPU (`valid_vec_isa_list`, as detect_cpu_vector_isa) in a
-    child process of this Python at a lower priority, in a session (POSIX) of its own, its Inductor
-    cache directory and working folder `cache_dir`: it builds there the test programs a fresh process
-    builds, without touching this process's answer (Inductor keeps it in caches that checking one set
-    again would replace; checked: torch 2.5 - 2.14). Its error output is piped (`communicate` it);
-    OSError where no child can be started; stop_child stops it and what it started."""
+    child process of this Python at the lowest priority (Linux: SCHED_IDLE, so a compile beside it
+    does not wait on it; elsewhere nice 19, or Windows' idle class), in a session (POSIX) of its own,
+    its Inductor cache directory and working folder `cache_dir`: it builds there the test programs a
+    fresh process builds, without touching this process's answer (Inductor keeps it in caches that
+    checking one set again would replace; checked: torch 2.5 - 2.14), and prints its answer as
+    cpu_vector_isa_answer says this process's (a child starved past Inductor's 60 s limit on loading a
+    program answers with fewer sets, and built fewer). Its output is piped (`communicate` it); OSError
+    where no child can be started; stop_child stops it and what it started."""
     if not sys.executable:
         raise OSError("this Python does not know its own program (sys.executable is empty)")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir)
-    where = ({"creationflags": subprocess.BELOW_NORMAL_PRIORITY_CLASS} if sys.platform == "win32"
+    where = ({"creationflags": subprocess.IDLE_PRIORITY_CLASS} if sys.platform == "win32"
              else {"start_new_session": True})
     return subprocess.Popen([sys.executable, "-c", _PROBE_CHILD], env=env, cwd=cache_dir, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace", **where)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", **where)
 
 
 def stop_child(child: subprocess.Popen, wait_seconds: float = 5.0) -> None:

@@ -13,10 +13,11 @@ flags and the compiler), so after a compiler change it builds afresh and the ent
 A process whose probe ran before it first used Kiln's cache (its first CPU compile was an uncached
 Kiln one, or torch.compile's) has nothing of it in Kiln's folder. The first time it uses a cache that
 lacks the entry (or, in the cache's refresh mode, any cache), Inductor's probe runs once more in a
-child process at a lower priority, into Kiln's folder, while the compile goes on (about 16 s on a
-2-core CPU, one such build at a time: another cache gets the same files once it is done), and the
-programs are stored when it ends, so that the next start finds them. A process that exits first stops
-it and stores nothing.
+child process at the lowest priority (on Linux only when a CPU is otherwise idle), into Kiln's
+folder, while the compile goes on (about 16 s of CPU on a 2-core machine, one such build at a time:
+another cache gets the same files once it is done), and the programs are stored when it ends if the
+child's answer is this process's, so that the next start finds them. A process that exits first
+stops it and stores nothing.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ log = logging.getLogger("kiln")
 _looked: set[str] = set()  # the caches (their roots) this process probed with or checked for the entry
 _programs: dict[str, bytes] = {}  # the test programs, once this process has them in Kiln's folder
 _building: list[threading.Thread] = []  # the background builds this process started (one at a time)
-CHILD_SECONDS = 600  # a probe in a child process that takes longer is stopped: nothing is stored
+CHILD_SECONDS = 3600  # a probe in a child process (it runs when the CPU is idle) stopped after that: nothing stored
 _exiting = False  # the process is exiting: a build stopped now is not a failure to report
 
 LABEL = "Inductor's CPU instruction-set probe"
@@ -133,7 +134,7 @@ def _build_in_background(store: CacheStore, new: Entry) -> None:
 def _store_when_built(store: CacheStore, new: Entry, child: subprocess.Popen, work: str, start: float) -> None:
     try:
         try:
-            _, errors = child.communicate(timeout=CHILD_SECONDS)
+            output, errors = child.communicate(timeout=CHILD_SECONDS)
         except subprocess.TimeoutExpired:
             compat.stop_child(child)
             log.info("Kiln: %s: the background build took more than %ss and was stopped; nothing stored", LABEL,
@@ -145,6 +146,12 @@ def _store_when_built(store: CacheStore, new: Entry, child: subprocess.Popen, wo
             last = (errors or "").strip().splitlines()[-1:] or ["no message"]
             log.info("Kiln: %s: the background build failed (exit %d: %s); nothing stored", LABEL, child.returncode,
                      last[0][:300])
+            return
+        answer = (output or "").strip().splitlines()[-1:] or [""]
+        if answer[0] != compat.cpu_vector_isa_answer():
+            log.info("Kiln: %s: the background build found %r where this process found %r (a load of a test "
+                     "program starved past Inductor's limit?); nothing stored", LABEL, answer[0][:200],
+                     compat.cpu_vector_isa_answer())
             return
         new.compile_seconds = time.perf_counter() - start
         new.files = read_files(work)

@@ -30,9 +30,11 @@ class FakeProbe:
 
     PROGRAMS = ("ab/cavx512.cpp", "ab/cavx512.so", "cd/cavx2.cpp", "cd/cavx2.so")
 
-    def __init__(self, monkeypatch, programs=PROGRAMS, child_exit=0, gate=None):
+    def __init__(self, monkeypatch, programs=PROGRAMS, child_exit=0, gate=None, child_answer="avx2 avx512"):
         self.programs, self.builds, self.dirs, self.done, self.children = programs, 0, [], False, []
         self.child_exit, self.gate, self.monkeypatch, self.started = child_exit, gate, monkeypatch, []
+        self.child_answer = child_answer
+        monkeypatch.setattr(compat, "cpu_vector_isa_answer", lambda: "avx2 avx512")
         monkeypatch.setattr(compat, "detect_cpu_vector_isa", self)
         monkeypatch.setattr(compat, "start_cpu_probe_child", self.start_child)
         monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: self.done)
@@ -61,9 +63,10 @@ class FakeProbe:
                 "    path = os.path.join(sys.argv[1], *name.split('/'))\n"
                 "    os.makedirs(os.path.dirname(path), exist_ok=True)\n"
                 "    open(path, 'wb').write(b'program ' + name.encode())\n"
+                f"print({self.child_answer!r})\n"
                 f"sys.exit({self.child_exit})\n")
-        child = subprocess.Popen([sys.executable, "-c", code, cache_dir, *self.programs], stderr=subprocess.PIPE,
-                                 text=True, start_new_session=True)
+        child = subprocess.Popen([sys.executable, "-c", code, cache_dir, *self.programs], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.started.append(child)
         return child
 
@@ -158,6 +161,16 @@ def test_a_background_build_that_fails_stores_nothing_and_says_why(tmp_path, mon
         cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
         finish_background()
     assert "the background build failed (exit 3" in caplog.text and _entry_files(tmp_path) is None
+
+
+def test_a_background_build_that_answers_otherwise_than_this_process_stores_nothing(tmp_path, monkeypatch, caplog):
+    """A child starved past Inductor's limit on loading a program finds fewer sets, and built fewer."""
+    probe = FakeProbe(monkeypatch, child_answer="avx2")
+    probe.probed_without_kiln(tmp_path / "inductor")
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+        finish_background()
+    assert "found 'avx2' where this process found 'avx2 avx512'" in caplog.text and _entry_files(tmp_path) is None
 
 
 def test_a_background_build_that_cannot_start_or_takes_too_long_stores_nothing(tmp_path, monkeypatch, caplog):
