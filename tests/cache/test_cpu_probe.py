@@ -154,23 +154,19 @@ def test_a_process_that_probed_before_it_used_the_cache_has_the_programs_built_i
     assert probe.builds == 4 and probe.done  # only the first process's own probe built any
 
 
-def test_a_background_build_that_fails_stores_nothing_and_says_why(tmp_path, monkeypatch, caplog):
-    probe = FakeProbe(monkeypatch, child_exit=3)
+@pytest.mark.parametrize("child, said", [
+    ({"child_exit": 3}, "the background build failed (exit 3"),
+    # a child starved past Inductor's limit on loading a program finds fewer sets, and built fewer
+    ({"child_answer": "avx2"}, "found 'avx2' where this process found 'avx2 avx512'"),
+])
+def test_a_background_build_that_fails_or_answers_otherwise_stores_nothing_and_says_why(
+        tmp_path, monkeypatch, caplog, child, said):
+    probe = FakeProbe(monkeypatch, **child)
     probe.probed_without_kiln(tmp_path / "inductor")
     with caplog.at_level(logging.INFO, logger="kiln"):
         cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
         finish_background()
-    assert "the background build failed (exit 3" in caplog.text and _entry_files(tmp_path) is None
-
-
-def test_a_background_build_that_answers_otherwise_than_this_process_stores_nothing(tmp_path, monkeypatch, caplog):
-    """A child starved past Inductor's limit on loading a program finds fewer sets, and built fewer."""
-    probe = FakeProbe(monkeypatch, child_answer="avx2")
-    probe.probed_without_kiln(tmp_path / "inductor")
-    with caplog.at_level(logging.INFO, logger="kiln"):
-        cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
-        finish_background()
-    assert "found 'avx2' where this process found 'avx2 avx512'" in caplog.text and _entry_files(tmp_path) is None
+    assert said in caplog.text and _entry_files(tmp_path) is None
 
 
 def test_a_background_build_that_cannot_start_or_takes_too_long_stores_nothing(tmp_path, monkeypatch, caplog):
