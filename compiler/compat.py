@@ -369,11 +369,16 @@ def detect_cpu_vector_isa() -> None:
 
 _PROBE_CHILD = """
 import os
-try:  # runs only on a CPU nothing else wants (Linux; the compilers it starts inherit it)
+try:  # the lowest share of a busy CPU (Linux; the compilers it starts inherit it)
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 except (AttributeError, OSError):
     if hasattr(os, "nice"):
         os.nice(19)
+try:  # a session of its own is a scheduling group of its own where the kernel groups sessions: lowest too
+    with open("/proc/self/autogroup", "w") as group:
+        group.write("19")
+except OSError:
+    pass
 from torch._inductor import cpu_vec_isa
 print(" ".join(sorted(str(isa).replace(" ", "+") for isa in cpu_vec_isa.valid_vec_isa_list())))
 """
@@ -398,8 +403,9 @@ def cpu_probe_builds_programs() -> bool:
 
 def start_cpu_probe_child(cache_dir: str) -> subprocess.Popen:
     """Start Inductor's own probe of the CPU (`valid_vec_isa_list`, as detect_cpu_vector_isa) in a
-    child process of this Python at the lowest priority (Linux: SCHED_IDLE, so a compile beside it
-    does not wait on it; elsewhere nice 19, or Windows' idle class), in a session (POSIX) of its own,
+    child process of this Python at the lowest priority (Linux: SCHED_IDLE, and its session's
+    scheduling group at nice 19 where the kernel groups sessions; elsewhere nice 19, or Windows' idle
+    class), in a session (POSIX) of its own,
     its Inductor cache directory and working folder `cache_dir`: it builds there the test programs a
     fresh process builds, without touching this process's answer (Inductor keeps it in caches that
     checking one set again would replace; checked: torch 2.5 - 2.14), and prints its answer as

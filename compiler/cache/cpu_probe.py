@@ -13,11 +13,12 @@ flags and the compiler), so after a compiler change it builds afresh and the ent
 A process whose probe ran before it first used Kiln's cache (its first CPU compile was an uncached
 Kiln one, or torch.compile's) has nothing of it in Kiln's folder. The first time it uses a cache that
 lacks the entry (or, in the cache's refresh mode, any cache), Inductor's probe runs once more in a
-child process at the lowest priority (on Linux only when a CPU is otherwise idle), into Kiln's
-folder, while the compile goes on (about 16 s of CPU on a 2-core machine, one such build at a time:
-another cache gets the same files once it is done), and the programs are stored when it ends if the
-child's answer is this process's, so that the next start finds them. A process that exits first
-stops it and stores nothing.
+child process at the lowest priority, into Kiln's folder, while the compile goes on (about 16 s of CPU
+on a 2-core machine, one such build at a time: another cache gets the same files once it is done),
+and the programs are stored when it ends if the child found at least the instruction sets this
+process found, so that the next start finds them. On a CPU kept busy the child can be starved past
+Inductor's 60 s limit on loading a program: it then finds fewer, nothing is stored, and the next start
+probes in Kiln's folder. A process that exits first stops it and stores nothing.
 """
 from __future__ import annotations
 
@@ -147,11 +148,12 @@ def _store_when_built(store: CacheStore, new: Entry, child: subprocess.Popen, wo
             log.info("Kiln: %s: the background build failed (exit %d: %s); nothing stored", LABEL, child.returncode,
                      last[0][:300])
             return
-        answer = (output or "").strip().splitlines()[-1:] or [""]
-        if answer[0] != compat.cpu_vector_isa_answer():
+        answer = ((output or "").strip().splitlines()[-1:] or [""])[0]
+        if not set(answer.split()) >= set(compat.cpu_vector_isa_answer().split()):
+            said = (errors or "").strip().splitlines()[-1:] or ["nothing on its error output"]
             log.info("Kiln: %s: the background build found %r where this process found %r (a load of a test "
-                     "program starved past Inductor's limit?); nothing stored", LABEL, answer[0][:200],
-                     compat.cpu_vector_isa_answer())
+                     "program starved past Inductor's 60 s limit on a busy CPU? it said: %s); nothing stored", LABEL,
+                     answer[:200], compat.cpu_vector_isa_answer(), said[0][:300])
             return
         new.compile_seconds = time.perf_counter() - start
         new.files = read_files(work)

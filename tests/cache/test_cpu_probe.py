@@ -158,6 +158,7 @@ def test_a_process_that_probed_before_it_used_the_cache_has_the_programs_built_i
     ({"child_exit": 3}, "the background build failed (exit 3"),
     # a child starved past Inductor's limit on loading a program finds fewer sets, and built fewer
     ({"child_answer": "avx2"}, "found 'avx2' where this process found 'avx2 avx512'"),
+    ({"child_answer": "avx512"}, "found 'avx512' where this process found 'avx2 avx512'"),
 ])
 def test_a_background_build_that_fails_or_answers_otherwise_stores_nothing_and_says_why(
         tmp_path, monkeypatch, caplog, child, said):
@@ -167,6 +168,15 @@ def test_a_background_build_that_fails_or_answers_otherwise_stores_nothing_and_s
         cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
         finish_background()
     assert said in caplog.text and _entry_files(tmp_path) is None
+
+
+def test_a_background_build_that_finds_more_sets_than_this_process_is_stored(tmp_path, monkeypatch):
+    """This process's own probe was the one starved: the child's programs cover every set it uses."""
+    probe = FakeProbe(monkeypatch, child_answer="amx avx2 avx512")
+    probe.probed_without_kiln(tmp_path / "inductor")
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    finish_background()
+    assert _entry_files(tmp_path) == sorted(FakeProbe.PROGRAMS)
 
 
 def test_a_background_build_that_cannot_start_or_takes_too_long_stores_nothing(tmp_path, monkeypatch, caplog):
