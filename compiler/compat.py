@@ -402,16 +402,15 @@ def cpu_probe_builds_programs() -> bool:
 
 
 def start_cpu_probe_child(cache_dir: str) -> subprocess.Popen:
-    """Start Inductor's own probe of the CPU (`valid_vec_isa_list`, as detect_cpu_vector_isa) in a
-    child process of this Python at the lowest priority (Linux: SCHED_IDLE, and its session's
-    scheduling group at nice 19 where the kernel groups sessions; elsewhere nice 19, or Windows' idle
-    class), in a session (POSIX) of its own,
-    its Inductor cache directory and working folder `cache_dir`: it builds there the test programs a
-    fresh process builds, without touching this process's answer (Inductor keeps it in caches that
-    checking one set again would replace; checked: torch 2.5 - 2.14), and prints its answer as
-    cpu_vector_isa_answer says this process's (a child starved past Inductor's 60 s limit on loading a
-    program answers with fewer sets, and built fewer). Its output is piped (`communicate` it); OSError
-    where no child can be started; stop_child stops it and what it started."""
+    """Start Inductor's own probe of the CPU (`valid_vec_isa_list`, as detect_cpu_vector_isa) in a child
+    process of this Python at the lowest priority (Linux: SCHED_IDLE, and its session's scheduling group
+    at nice 19 where the kernel groups sessions; elsewhere nice 19, or Windows' idle class), in a
+    session (POSIX) of its own, its Inductor cache directory and working folder `cache_dir`: it builds
+    there the test programs a fresh process builds, without touching this process's answer (Inductor
+    keeps it in caches that checking one set again would replace; checked: torch 2.5 - 2.14), and prints
+    its answer as cpu_vector_isa_answer says this process's (a child starved past Inductor's 60 s limit
+    on loading a program answers with fewer sets, and built fewer). Its output is piped (`communicate`
+    it); OSError where no child can be started; stop_child stops it and what it started."""
     if not sys.executable:
         raise OSError("this Python does not know its own program (sys.executable is empty)")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir)
