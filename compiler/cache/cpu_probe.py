@@ -31,7 +31,7 @@ from typing import Optional
 
 from .. import compat
 from .key import entry_key, environment_fields
-from .store import CacheStore, Entry, error_text, read_files, read_or_refuse, write_files
+from .store import CacheStore, Entry, error_text, read_files, read_or_refuse, said, write_files
 from .trust import CacheError
 
 log = logging.getLogger("kiln")
@@ -124,8 +124,7 @@ def _build_in_background(store: CacheStore, new: Entry) -> None:
         if child is not None:
             compat.stop_child(child)
         log.info("Kiln: %s: this process probed before it used Kiln's cache, and its test programs cannot be "
-                 "built for it (%s); the next start probes in Kiln's folder", LABEL,
-                 error_text(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}")
+                 "built for it (%s); the next start probes in Kiln's folder", LABEL, said(exc))
         return
     _building.append(thread)
     log.info("Kiln: %s: this process probed before it used Kiln's cache; its test programs are being built in "
@@ -167,7 +166,7 @@ def _store_when_built(store: CacheStore, new: Entry, child: subprocess.Popen, wo
             log.info("Kiln: %s: the background build was not stored (%s)", LABEL, error_text(exc))
     except Exception as exc:  # a background thread says what went wrong, and never more
         if not _exiting:
-            log.warning("Kiln: %s: the background build was not stored (%s: %s)", LABEL, type(exc).__name__, exc)
+            log.warning("Kiln: %s: the background build was not stored (%s)", LABEL, said(exc))
 
 
 def _stop(child: subprocess.Popen) -> None:

@@ -35,7 +35,7 @@ import torch
 
 from .. import compat
 from .key import entry_key, environment_fields
-from .store import CacheStore, Entry, error_text, read_or_refuse
+from .store import CacheStore, Entry, read_or_refuse, said
 
 log = logging.getLogger("kiln")
 
@@ -77,7 +77,7 @@ def restore(store: CacheStore, use_stored: bool = True) -> None:
         if folder is not None and use_stored:
             _restore_from(store, folder, written)
     except Exception as exc:  # the cache never stops a compile
-        log.warning("Kiln: %s were not written back (%s); Inductor builds what it lacks", LABEL, _said(exc))
+        log.warning("Kiln: %s were not written back (%s); Inductor builds what it lacks", LABEL, said(exc))
     if _found is None:
         _found = set(_headers_in(_listing(folder), folder, built_before=_loaded_ns)) if folder else set()
     _found.update(written)  # Kiln's own writing, not a header that appeared
@@ -115,7 +115,7 @@ def keep_new(store: CacheStore) -> None:
             return
         _keep_new(store, folder)
     except Exception as exc:  # the cache never stops a compile, and never loses a finished lowering
-        log.info("Kiln: %s were not stored (%s)", LABEL, _said(exc))
+        log.info("Kiln: %s were not stored (%s)", LABEL, said(exc))
 
 
 def _keep_new(store: CacheStore, folder: str) -> None:
@@ -251,7 +251,3 @@ def _read(path: str, limit: int) -> bytes:
         if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
             raise ValueError(f"{path} is not a regular file of at most {limit} bytes")
         return f.read(info.st_size)
-
-
-def _said(exc: BaseException) -> str:
-    return error_text(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"

@@ -308,3 +308,8 @@ def read_or_refuse(store: CacheStore, key: str, then: str) -> tuple[Optional[Ent
 def error_text(exc: Exception) -> str:
     """What went wrong, in a few words: an OSError's own words ("No space left on device")."""
     return str(getattr(exc, "strerror", None) or exc)
+
+
+def said(exc: BaseException) -> str:
+    """What went wrong, for the log: an OSError's own words, any other error's type and message."""
+    return error_text(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"

@@ -285,6 +285,23 @@ def test_a_tampered_entry_is_refused_and_the_probe_builds_afresh(tmp_path, monke
     assert _store(tmp_path).read(entry_key(cpu_probe.probe_fields())) is not None  # stored afresh
 
 
+def test_a_tampered_entry_is_refused_in_a_process_that_probed_before_and_built_afresh(tmp_path, monkeypatch, caplog):
+    """Nothing of a changed entry is written anywhere: it is refused and removed, and the background
+    build stores the programs Inductor's own probe makes."""
+    probe = FakeProbe(monkeypatch)
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    path = _store(tmp_path).path(entry_key(cpu_probe.probe_fields()))
+    open(path, "wb").write(open(path, "rb").read().replace(b"program ab/cavx512.so", b"payload ab/cavx512.so"))
+    probe.new_process()
+    probe.probed_without_kiln(tmp_path / "inductor")
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+        finish_background()
+    assert "refused" in caplog.text and len(probe.children) == 1
+    entry = _store(tmp_path).read(entry_key(cpu_probe.probe_fields()))
+    assert entry.files["ab/cavx512.so"] == b"program ab/cavx512.so"
+
+
 def test_a_cache_that_cannot_be_written_still_probes(tmp_path, monkeypatch, caplog):
     probe = FakeProbe(monkeypatch)
     store = _store(tmp_path)
