@@ -148,6 +148,15 @@ def cuda_graph_step():
         MarkStepBox.mark_step_counter = before
 
 
+def map_tensors(fn: Callable[[torch.Tensor], Any], value):
+    """`value` with `fn` applied to every tensor in it, through the containers torch's pytree knows
+    (tuples, lists, dicts, namedtuples, and types registered with it, as diffusers registers its
+    outputs); any other value is kept as it is (torch.utils._pytree.tree_map_only; checked: torch 2.5 - 2.14)."""
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, fn, value)
+
+
 def guard_failure_counts() -> dict:
     """{code object: how many guard failures (recompile reasons) TorchDynamo has recorded for it}.
     Cheap enough for every call: nothing is formatted."""

@@ -26,6 +26,8 @@ import contextlib
 import logging
 from typing import Hashable, Optional
 
+import torch
+
 from . import compat
 
 log = logging.getLogger("kiln")
@@ -117,10 +119,23 @@ class CudaGraphBudget:
         return out
 
 
+def outputs_of_own(outputs):
+    """A CUDA-graphed call's outputs as the caller's own tensors (each cloned, inside the call's step).
+    Each call of a model with CUDA graphs is one step of torch's CUDA graph trees, and a step may
+    reuse the memory of the last step's outputs: a tensor a replay returned (the whole model's output;
+    by blocks, a region's output the model hands back as it is) is overwritten by the next call of
+    the same shape. Torch refuses to read it then ("accessing tensor output of CUDAGraphs that has
+    been overwritten by a subsequent run", seen on an H100 with the whole SDXL UNet), so a caller
+    that keeps one call's output across the next (two calls for a guidance pair, a comparison with
+    an earlier step) would fail. The copy costs one write of the output: a latent, next to a step's
+    work."""
+    return compat.map_tensors(torch.Tensor.clone, outputs)
+
+
 def _shape_text(shape) -> str:
     if isinstance(shape, tuple) and all(isinstance(dims, tuple) for dims in shape):
         return ", ".join("x".join(map(str, dims)) for dims in shape)
     return str(shape)
 
 
-__all__ = ["CudaGraphBudget", "RECORDED", "OVER_BOUND", "NOT_ASKED"]
+__all__ = ["CudaGraphBudget", "RECORDED", "OVER_BOUND", "NOT_ASKED", "outputs_of_own"]

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 from ..choices import COMPILE_MODES
 from . import compat
 from .shapes import activation_indices, shapes_key
@@ -72,28 +74,54 @@ class CudaGraphsPerShape:
     inputs' shapes and strides, as the shape manager keys them), on that signature's first call, and
     only where Kiln's bound on recordings admits it (compat.cuda_graph_capture_allowed, the question
     Inductor asks before recording); a signature refused runs the graph as captured, without CUDA
-    graphs. A failure to make one raises LoweringFailed."""
+    graphs. The callable is made from the graph with the signature's sizes written in
+    (graph_for_signature). A failure to make one raises LoweringFailed."""
 
     def __init__(self, gm):
         self.gm = gm
         self.activations = activation_indices(gm)
-        self.by_signature: dict[tuple, object] = {}
+        self.by_signature: dict[tuple, tuple] = {}  # signature: (recorded callable, positions of the inputs it takes)
 
     def __call__(self, *args):
         signature = shapes_key(args, self.activations)
         if not compat.cuda_graph_capture_allowed(signature):
             return self.gm(*args)
-        recorded = self.by_signature.get(signature)
-        if recorded is None:
+        made = self.by_signature.get(signature)
+        if made is None:
             start = time.perf_counter()
             try:
-                recorded = compat.lookup_backend("cudagraphs")(self.gm, list(args))
+                static, kept = graph_for_signature(self.gm, args)
+                made = compat.lookup_backend("cudagraphs")(static, [args[i] for i in kept]), kept
             except Exception as exc:
                 raise LoweringFailed(f"CUDA graphs for a new shape could not be made: {type(exc).__name__}: {exc}") from exc
-            self.by_signature[signature] = recorded
+            self.by_signature[signature] = made
             log.info("Kiln: CUDA graphs prepared for shape signature %d of this graph in %.1fs",
                      len(self.by_signature), time.perf_counter() - start)
-        return recorded(*args)
+        recorded, kept = made
+        return recorded(*[args[i] for i in kept])
+
+
+def graph_for_signature(gm: torch.fx.GraphModule, args) -> tuple[torch.fx.GraphModule, list[int]]:
+    """A copy of `gm` in which each input that is not a tensor (a size TorchDynamo passes as a symbolic
+    integer) is replaced by its value in `args`, and the positions of the inputs the copy still takes.
+    The values are part of the shape signature, so a recording made from the copy serves exactly its
+    signature. torch's `cudagraphs` backend needs this: it traces the graph it is given with the call's
+    values and then reads a tensor or symbol from every input of the traced graph, which a plain
+    integer input does not give it ("KeyError: 'fake_result'" for every region of a dynamic graph,
+    seen on an H100)."""
+    static = compat.copy_graph_module(gm)
+    placeholders = [n for n in static.graph.nodes if n.op == "placeholder"]
+    kept = []
+    for position, (node, value) in enumerate(zip(placeholders, args)):
+        if isinstance(value, torch.Tensor):
+            kept.append(position)
+            continue
+        for user in list(node.users):
+            user.args = torch.fx.node.map_arg(user.args, lambda n, node=node, value=value: value if n is node else n)
+            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda n, node=node, value=value: value if n is node else n)
+        static.graph.erase_node(node)
+    static.recompile()
+    return static, kept
 
 
 LOWERINGS: dict[str, Lowering] = {lowering.mode: lowering for lowering in (

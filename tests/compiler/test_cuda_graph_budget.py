@@ -8,11 +8,12 @@ question reaches the budget, which answers per signature, never beyond its bound
 import logging
 
 import pytest
+import torch
 import torch._inductor.config as inductor_config
 from torch._inductor.cudagraph_trees import is_cudagraph_capture_sizes  # what torch asks (2.11 - 2.13)
 
 from kiln.compiler import compat
-from kiln.compiler.cuda_graph_budget import NOT_ASKED, OVER_BOUND, RECORDED, CudaGraphBudget
+from kiln.compiler.cuda_graph_budget import NOT_ASKED, OVER_BOUND, RECORDED, CudaGraphBudget, outputs_of_own
 from kiln.compiler.stats import VariantRecord
 
 
@@ -168,3 +169,42 @@ def test_a_model_called_inside_another_models_call_stays_in_the_outer_step():
         with inner.for_call((1, 8)):
             assert _trees_generation() == step
         assert _trees_generation() == step
+
+
+def test_a_cuda_graphed_calls_outputs_are_copies_of_its_own():
+    """A step of torch's CUDA graph trees may reuse the memory of the last step's outputs: the whole
+    SDXL UNet's output, kept while the next call ran, could no longer be read ("accessing tensor output
+    of CUDAGraphs that has been overwritten", seen on an H100). Each tensor handed back is a copy;
+    anything else is handed back as it is."""
+    latent, extra = torch.ones(2, 4), torch.zeros(3)
+    outputs = outputs_of_own((latent, {"extra": extra, "steps": 4}, [latent], "name"))
+    copy, extras, listed, name = outputs
+    assert torch.equal(copy, latent) and copy.data_ptr() != latent.data_ptr()
+    assert torch.equal(extras["extra"], extra) and extras["extra"].data_ptr() != extra.data_ptr()
+    assert extras["steps"] == 4 and name == "name" and listed[0].data_ptr() != latent.data_ptr()
+
+
+class _HandsBackItsInput(torch.nn.Module):
+    def forward(self, x):
+        return x, x * 2
+
+
+def test_a_model_with_cuda_graphs_on_hands_back_outputs_copied_inside_its_step(monkeypatch):
+    import kiln
+    from kiln.compiler import model as model_module
+
+    copied_in = []
+
+    def observed(outputs):
+        copied_in.append(_trees_generation())
+        return outputs_of_own(outputs)
+
+    monkeypatch.setattr(model_module, "outputs_of_own", observed)
+    x = torch.ones(2, 4)
+    for cuda_graphs in (True, False):
+        out, doubled = kiln.compile(_HandsBackItsInput(), mode="fast", cuda_graphs=cuda_graphs)(x)
+        assert torch.equal(out, x) and torch.equal(doubled, x * 2)
+        if cuda_graphs:
+            assert out.data_ptr() != x.data_ptr()  # the caller's own copy
+    assert len(copied_in) == 1 and copied_in[0] <= compat.KILN_STEPS_FROM  # once, inside the call's step
+    torch._dynamo.reset()

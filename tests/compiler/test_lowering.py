@@ -40,7 +40,7 @@ def test_fast_mode_records_one_cuda_graph_per_signature(monkeypatch):
     assert per_shape(four, 1) == ("recorded", 25)   # a new batch: a recording of its own, not batch 2's buffers
     assert per_shape(two, 1) == ("recorded", 13)    # batch 2 again: its first recording
     assert per_shape(two, 5) == ("recorded", 17)    # an integer input is part of the signature
-    assert backend.made_for == [((2, 3), 1), ((4, 3), 1), ((2, 3), 5)]
+    assert backend.made_for == [((2, 3),), ((4, 3),), ((2, 3),)]  # each made with its integer written in
 
 
 def test_the_real_aot_path_serves_two_batches_under_inference_mode(monkeypatch):
@@ -62,6 +62,42 @@ def test_the_real_aot_path_serves_two_batches_under_inference_mode(monkeypatch):
             assert torch.allclose(compiled(x), torch.relu(linear(x)).sum(dim=-1))
     assert len(made) == 1 and len(made[0].by_signature) == 2  # one per batch, batch 2 served twice
     torch._dynamo.reset()
+
+
+def test_torchs_own_cudagraphs_backend_takes_a_graph_captured_with_dynamic_sizes():
+    """torch's `cudagraphs` backend itself (on a CPU it traces the graph, checks it for input mutations,
+    then declines to record for the CPU device): a graph TorchDynamo captured with dynamic sizes takes
+    them as integer inputs, and the backend failed on those ("KeyError: 'fake_result'" for every
+    region of mode fast with CUDA graphs, seen on an H100) until each recording was made with its
+    signature's sizes written in."""
+    made = []
+
+    def backend(gm, example_inputs):
+        made.append(lowering.CudaGraphsPerShape(gm))
+        return made[-1]
+
+    linear = torch.nn.Linear(3, 5)
+    compiled = torch.compile(lambda x: torch.relu(linear(x)).reshape(x.shape[0], -1, 5).sum(dim=1),
+                             backend=backend, dynamic=True)
+    with torch.inference_mode():
+        for batch in (2, 4, 2):
+            x = torch.randn(batch * 2, 3)
+            expected = torch.relu(linear(x)).reshape(batch * 2, -1, 5).sum(dim=1)
+            assert torch.allclose(compiled(x), expected)
+    per_shape = made[0]
+    assert any(not isinstance(n.meta.get("example_value"), torch.Tensor)
+               for n in per_shape.gm.graph.nodes if n.op == "placeholder")  # a size among the graph's inputs
+    assert len(made) == 1 and len(per_shape.by_signature) == 2
+    torch._dynamo.reset()
+
+
+def test_a_graph_for_a_signature_has_its_sizes_written_in():
+    gm = torch.fx.symbolic_trace(lambda x, n, scale: x.reshape(n, -1) * scale + n)
+    static, kept = lowering.graph_for_signature(gm, [torch.arange(6.0), 2, 0.5])
+    assert kept == [0]
+    assert [n.op for n in static.graph.nodes].count("placeholder") == 1
+    assert torch.equal(static(torch.arange(6.0)), gm(torch.arange(6.0), 2, 0.5))
+    assert [n.op for n in gm.graph.nodes].count("placeholder") == 3  # the captured graph is left as it was
 
 
 def test_a_weight_is_not_part_of_the_signature_and_a_failure_is_a_failed_lowering(monkeypatch):
@@ -110,7 +146,7 @@ def test_a_signature_the_budget_refuses_runs_without_cuda_graphs(monkeypatch):
     with inductor_config.patch({"triton.cudagraph_capture_sizes": allowed}):  # what Kiln's budget answers
         assert per_shape(torch.ones(2, 3), 1) == ("recorded", 13)
         assert per_shape(torch.ones(4, 3), 1) == 25     # refused: the captured graph as it is
-    assert backend.made_for == [((2, 3), 1)]
+    assert backend.made_for == [((2, 3),)]
 
 
 def test_fast_mode_lowers_to_the_per_signature_recorder_only_with_cuda_graphs_on_cuda():

@@ -7,7 +7,7 @@ With `cuda_graphs` on, each lowering records one CUDA graph per shape signature 
 graph trees: keyed by the values of the symbolic sizes, one memory pool per device shared by
 every recording, inputs copied into static buffers). These tests check what a user relies on:
 every shape gets its own correct result, nothing recompiles, an output kept from an earlier
-step is never silently overwritten by a later replay, and shapes.max_cuda_graphs bounds the
+call stays the caller's through later replays, and shapes.max_cuda_graphs bounds the
 number of input shapes that record (SD1.5 compiles by blocks: every region records per shape).
 """
 import logging
@@ -52,13 +52,18 @@ def test_every_shape_signature_replays_its_own_cuda_graph(mode):
             assert out.shape == reference.shape
             assert rel_err(out, reference) < FP16_REL_ERR, (mode, batch, h, w)
     info = kiln.stats(compiled)
+    assert not info.fallback and not info.region_fallbacks, info.summary()  # recorded, not run eagerly
     assert info.compile_count == first_compile and not info.recompiles, info.summary()  # new shapes: no compile
     assert any(v.cuda_graph == "recorded" for v in info.variants), info.summary()
 
 
-def test_an_output_kept_across_shapes_is_never_silently_overwritten():
+@pytest.mark.parametrize("mode, unit", [("fast", "auto"), ("balanced", "auto"), ("balanced", "whole")])
+def test_an_output_kept_across_later_calls_stays_the_callers(mode, unit):
+    """Two calls whose outputs are used together (a guidance pair, a comparison with the last step):
+    the first call's output stays readable and unchanged through later replays, by blocks and whole
+    (the whole SDXL UNet's output could not be read after the next call, seen on an H100)."""
     module, inputs = _model()
-    compiled = kiln.compile(module, mode="balanced", cuda_graphs=True)
+    compiled = kiln.compile(module, options=kiln.CompileOptions(mode=mode, cuda_graphs=True, compile_unit=unit))
     first, other = inputs(2, 8, 8, seed=0), inputs(4, 8, 12, seed=1)
     for _ in range(2):  # past warm-up: the next calls replay recordings
         compiled(*first[0], **first[1])
@@ -67,12 +72,9 @@ def test_an_output_kept_across_shapes_is_never_silently_overwritten():
     copy = kept.clone()
     compiled(*other[0], **other[1])
     compiled(*first[0], **first[1])  # replays the recording that produced `kept`
-    try:
-        unchanged = torch.equal(kept, copy)
-    except RuntimeError as exc:  # CUDA graph trees refuse to read an output a replay overwrote
-        assert "overwritten" in str(exc)
-    else:
-        assert unchanged, "a CUDA graph replay changed an output the caller still held"
+    assert torch.equal(kept, copy), "a CUDA graph replay changed an output the caller still held"
+    info = kiln.stats(compiled)
+    assert not info.fallback and not info.region_fallbacks, info.summary()
 
 
 @pytest.mark.parametrize("mode", ["fast", "balanced"])
@@ -88,6 +90,7 @@ def test_max_cuda_graphs_bounds_the_recordings(mode, caplog):
                 out = compiled(*args, **kwargs)[0].clone()
             assert rel_err(out, module(*args, **kwargs)[0]) < FP16_REL_ERR, (mode, batch, h, w)
     info = kiln.stats(compiled)
+    assert not info.fallback and not info.region_fallbacks, info.summary()
     messages = [r.getMessage() for r in caplog.records]
     admitted = [m for m in messages if "CUDA graphs for input shape" in m]
     refused = [m for m in messages if "runs without CUDA graphs" in m]
