@@ -160,6 +160,25 @@ def test_fast_mode_lowers_to_the_per_signature_recorder_only_with_cuda_graphs_on
     assert name == "fx" and lowered(torch.ones(2, 3), 1) == 13
 
 
+def test_mode_fast_with_cuda_graphs_says_once_that_its_recordings_copy_the_weights(monkeypatch, caplog):
+    import logging
+
+    from kiln.compiler import backend as backend_module
+    from kiln.compiler.stats import KilnStats
+
+    monkeypatch.setattr(backend_module, "device_type_of", lambda inputs: "cuda")  # what a CUDA model's inputs say
+    for mode, said in (("fast", 1), ("balanced", 0)):
+        options = CompileOptions(mode=mode, cuda_graphs=True)
+        stats = KilnStats(options.as_dict())
+        monkeypatch.setattr(compat, "inductor_backend", lambda device: lambda gm, args: gm.forward)
+        with caplog.at_level(logging.WARNING, logger="kiln"):
+            caplog.clear()
+            for _ in range(2):  # two graphs of one model (its regions share its stats)
+                backend_module.KilnBackend(options, stats)(_graph(), [torch.ones(2, 3), 1])
+        notes = [r.getMessage() for r in caplog.records if "copies the weights" in r.getMessage()]
+        assert len(notes) == said and len([w for w in stats.warnings if "copies the weights" in w]) == said, mode
+
+
 class _VectorSet:
     """Stands in for one of Inductor's vector instruction sets: its check (`bool`) takes a while and
     records in which thread it ran and how many checks of its `checks` ran at once."""
