@@ -58,13 +58,13 @@ def lowering_options(options: CompileOptions) -> dict:
     return {name: value for name, value in options.as_dict().items() if name not in NOT_LOWERING}
 
 
-
-# torch's `cudagraphs` backend keeps in place only the parameters it lifts from a graph's module, and a
-# graph TorchDynamo captures with `inline_inbuilt_nn_modules` takes the weights as inputs
+# torch's `cudagraphs` backend keeps in place only the parameters it lifts from a graph's module
+# (static_input_idxs), and a graph TorchDynamo captures with `inline_inbuilt_nn_modules` takes the
+# weights as inputs: CUDA graph trees copy every other input into the recording's buffers at each replay
 FAST_CUDA_GRAPHS_COPY_WEIGHTS = (
     "mode fast records CUDA graphs with torch's cudagraphs backend, which copies the weights a graph "
-    "takes into the recording: each recorded input shape holds one more copy of the model's weights, and "
-    "each replay copies them again. Mode balanced's CUDA graphs read the weights in place.")
+    "takes into the recording's buffers at every replay (the model's weights once a call). Mode "
+    "balanced's CUDA graphs read the weights in place.")
 
 
 class KilnBackend:
@@ -191,6 +191,7 @@ class KilnBackend:
             self.stats.eager_calls += 1
             if self.stats.eager_calls == 1:
                 log.warning("Kiln: %s", reason)
+                self.stats.eager_call_reason = reason
                 self.stats.warnings.append(reason)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
@@ -205,8 +206,9 @@ class KilnBackend:
         from ..kernels import triton_available
 
         lowering = self.options.lowering
-        if self.options.cuda_graphs and device == "cuda" and not lowering.uses_inductor:
-            self._say_once(FAST_CUDA_GRAPHS_COPY_WEIGHTS)
+        if self.options.cuda_graphs and device == "cuda" and not lowering.uses_inductor \
+                and self.stats.warn_once(FAST_CUDA_GRAPHS_COPY_WEIGHTS):
+            log.warning("Kiln: %s", FAST_CUDA_GRAPHS_COPY_WEIGHTS)
         index = len(self.stats.compiles)
         idle = idle_record(gm) if self.may_keep_eager(device) else None
         if idle is not None:
@@ -264,12 +266,6 @@ class KilnBackend:
         return ShapeDispatcher(captured, lowered, lower_static if specialisable else None, self.options.shapes,
                                self.stats, record.index, record.capture_seconds + record.seconds, self.report,
                                compile_pinned=dynamic and self.calls == 0, cuda_graphs=budget)
-
-    def _say_once(self, note: str) -> None:
-        """A warning said once per model (the regions of a model share its stats)."""
-        if note not in self.stats.warnings:
-            log.warning("Kiln: %s", note)
-            self.stats.warnings.append(note)
 
     def may_keep_eager(self, device: str) -> bool:
         """Only a region's graph may stay eager for having nothing to fuse, and only where lowering

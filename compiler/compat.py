@@ -303,11 +303,22 @@ def size_expr(size):
 
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A copy of `gm` with a graph of its own (node meta shallow-copied): lowering one copy through
-    Inductor, which rewrites the graph it is given, leaves the other as TorchDynamo captured it."""
+    Inductor, which rewrites the graph it is given, leaves the other as TorchDynamo captured it.
+    The copy keeps what marks a graph as TorchDynamo's for AOTAutograd (the module's meta, its
+    `_param_name_to_source`, each input's `_dynamo_source`): from these it tells which inputs are
+    weights, which CUDA graphs then read in place instead of copying them at every replay (checked:
+    torch 2.11 - 2.13, `_try_get_metadata_from_dynamo`)."""
     graph = torch.fx.Graph()
     value, output = graph.graph_copy(gm.graph, {}, return_output_node=True)
     graph.output(value).meta = dict(output.meta)
-    return torch.fx.GraphModule(gm, graph)
+    copy = torch.fx.GraphModule(gm, graph)
+    copy.meta.update(gm.meta)
+    if hasattr(gm, "_param_name_to_source"):
+        copy._param_name_to_source = gm._param_name_to_source
+    for original, copied in zip(gm.graph.find_nodes(op="placeholder"), copy.graph.find_nodes(op="placeholder")):
+        if hasattr(original, "_dynamo_source"):
+            copied._dynamo_source = original._dynamo_source
+    return copy
 
 
 def inductor_cache_dir(path: str):

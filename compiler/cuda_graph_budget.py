@@ -26,8 +26,6 @@ import contextlib
 import logging
 from typing import Hashable, Optional
 
-import torch
-
 from . import compat
 
 log = logging.getLogger("kiln")
@@ -52,6 +50,7 @@ class CudaGraphBudget:
         self._current = None
         self._asked = False
         self._scope = compat.cuda_graph_capture_gate(self)
+        self._said_uncopied = False   # the log said once that an output held no tensor to copy
 
     @property
     def recorded(self) -> int:
@@ -69,6 +68,29 @@ class CudaGraphBudget:
                 yield
         finally:
             self._call_shape = None
+
+    def owned(self, outputs):
+        """The call's outputs as the caller's own tensors (each copied; call it inside `for_call`).
+        A step of torch's CUDA graph trees may reuse the memory of the last step's outputs: a tensor a
+        replay returned (the whole model's output; by blocks, a region's output the model hands back as
+        it is) is overwritten by the next call of the same shape, and torch refuses to read it then
+        ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run", seen on
+        an H100 with the whole SDXL UNet). A caller that keeps one call's output across the next (two
+        calls for a guidance pair, a comparison with an earlier step) would fail. The copy costs one
+        write of each output. Tensors in a container torch's pytree does not know cannot be found:
+        then the log says so, once."""
+        copies = []
+
+        def copy(tensor):
+            copies.append(tensor)
+            return tensor.clone()
+
+        owned = compat.map_tensors(copy, outputs)
+        if not copies and not self._said_uncopied:
+            self._said_uncopied = True
+            log.warning("Kiln: the model's output (a %s) holds no tensor Kiln can copy, so an output kept "
+                        "across the next call may be overwritten by its CUDA graph replay", type(outputs).__name__)
+        return owned
 
     def __contains__(self, int_key) -> bool:  # torch's question: may this shape record or replay?
         self._asked = True
@@ -119,23 +141,10 @@ class CudaGraphBudget:
         return out
 
 
-def outputs_of_own(outputs):
-    """A CUDA-graphed call's outputs as the caller's own tensors (each cloned, inside the call's step).
-    Each call of a model with CUDA graphs is one step of torch's CUDA graph trees, and a step may
-    reuse the memory of the last step's outputs: a tensor a replay returned (the whole model's output;
-    by blocks, a region's output the model hands back as it is) is overwritten by the next call of
-    the same shape. Torch refuses to read it then ("accessing tensor output of CUDAGraphs that has
-    been overwritten by a subsequent run", seen on an H100 with the whole SDXL UNet), so a caller
-    that keeps one call's output across the next (two calls for a guidance pair, a comparison with
-    an earlier step) would fail. The copy costs one write of the output: a latent, next to a step's
-    work."""
-    return compat.map_tensors(torch.Tensor.clone, outputs)
-
-
 def _shape_text(shape) -> str:
     if isinstance(shape, tuple) and all(isinstance(dims, tuple) for dims in shape):
         return ", ".join("x".join(map(str, dims)) for dims in shape)
     return str(shape)
 
 
-__all__ = ["CudaGraphBudget", "RECORDED", "OVER_BOUND", "NOT_ASKED", "outputs_of_own"]
+__all__ = ["CudaGraphBudget", "RECORDED", "OVER_BOUND", "NOT_ASKED"]

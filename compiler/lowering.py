@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -80,48 +80,63 @@ class CudaGraphsPerShape:
     def __init__(self, gm):
         self.gm = gm
         self.activations = activation_indices(gm)
-        self.by_signature: dict[tuple, tuple] = {}  # signature: (recorded callable, positions of the inputs it takes)
+        self.by_signature: dict[tuple, Recording] = {}
 
     def __call__(self, *args):
         signature = shapes_key(args, self.activations)
         if not compat.cuda_graph_capture_allowed(signature):
             return self.gm(*args)
-        made = self.by_signature.get(signature)
-        if made is None:
+        recording = self.by_signature.get(signature)
+        if recording is None:
             start = time.perf_counter()
             try:
-                static, kept = graph_for_signature(self.gm, args)
-                made = compat.lookup_backend("cudagraphs")(static, [args[i] for i in kept]), kept
+                sized, takes = graph_for_signature(self.gm, args, self.activations)
+                recording = Recording(compat.lookup_backend("cudagraphs")(sized, [args[i] for i in takes]), takes)
             except Exception as exc:
                 raise LoweringFailed(f"CUDA graphs for a new shape could not be made: {type(exc).__name__}: {exc}") from exc
-            self.by_signature[signature] = made
+            self.by_signature[signature] = recording
             log.info("Kiln: CUDA graphs prepared for shape signature %d of this graph in %.1fs",
                      len(self.by_signature), time.perf_counter() - start)
-        recorded, kept = made
-        return recorded(*[args[i] for i in kept])
+        return recording.run(*[args[i] for i in recording.takes])
 
 
-def graph_for_signature(gm: torch.fx.GraphModule, args) -> tuple[torch.fx.GraphModule, list[int]]:
+class Recording(NamedTuple):
+    """One shape signature's CUDA-graphed callable and the positions of the graph's inputs it takes."""
+    run: Callable
+    takes: list[int]
+
+
+def _value(value):
+    """A size written into a graph: the value itself (a node, so that a method called on the size
+    stays valid code)."""
+    return value
+
+
+def graph_for_signature(gm: torch.fx.GraphModule, args, keyed: list[int]) -> tuple[torch.fx.GraphModule, list[int]]:
     """A copy of `gm` in which each input that is not a tensor (a size TorchDynamo passes as a symbolic
     integer) is replaced by its value in `args`, and the positions of the inputs the copy still takes.
-    The values are part of the shape signature, so a recording made from the copy serves exactly its
-    signature. torch's `cudagraphs` backend needs this: it traces the graph it is given with the call's
-    values and then reads a tensor or symbol from every input of the traced graph, which a plain
-    integer input does not give it ("KeyError: 'fake_result'" for every region of a dynamic graph,
-    seen on an H100)."""
-    static = compat.copy_graph_module(gm)
-    placeholders = [n for n in static.graph.nodes if n.op == "placeholder"]
-    kept = []
+    Only inputs at `keyed` (the positions the signature is keyed by) may be written in, so that a
+    recording made from the copy serves exactly its signature. torch's `cudagraphs` backend needs
+    this: it traces the graph it is given with the call's values and then reads a tensor or symbol
+    from every input of the traced graph, which a plain integer input does not give it
+    ("KeyError: 'fake_result'" for every region of a dynamic graph, seen on an H100)."""
+    sized = compat.copy_graph_module(gm)
+    placeholders = sized.graph.find_nodes(op="placeholder")
+    if len(placeholders) != len(args):
+        raise ValueError(f"the graph takes {len(placeholders)} inputs, the call gave {len(args)}")
+    takes = []
     for position, (node, value) in enumerate(zip(placeholders, args)):
         if isinstance(value, torch.Tensor):
-            kept.append(position)
+            takes.append(position)
             continue
-        for user in list(node.users):
-            user.args = torch.fx.node.map_arg(user.args, lambda n, node=node, value=value: value if n is node else n)
-            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda n, node=node, value=value: value if n is node else n)
-        static.graph.erase_node(node)
-    static.recompile()
-    return static, kept
+        if position not in keyed:
+            raise ValueError(f"input {position} ({node.name}) is not a tensor and not part of the shape signature")
+        with sized.graph.inserting_after(placeholders[-1]):
+            written = sized.graph.call_function(_value, (value,))
+        node.replace_all_uses_with(written)
+        sized.graph.erase_node(node)
+    sized.recompile()
+    return sized, takes
 
 
 LOWERINGS: dict[str, Lowering] = {lowering.mode: lowering for lowering in (

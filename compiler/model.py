@@ -34,7 +34,7 @@ from . import compat
 from .backend import KilnBackend
 from .blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
-from .cuda_graph_budget import CudaGraphBudget, outputs_of_own
+from .cuda_graph_budget import CudaGraphBudget
 from .method import label_of
 from .passes import Progress
 from .plan import KilnPlan
@@ -122,7 +122,7 @@ class KilnModel(torch.nn.Module):
             return module(*args, **kwargs)
         if self._cuda_graphs is not None:
             with self._cuda_graphs.for_call(input_shapes(args, kwargs)):
-                return outputs_of_own(self._run(compiled, module, args, kwargs))
+                return self._cuda_graphs.owned(self._run(compiled, module, args, kwargs))
         return self._run(compiled, module, args, kwargs)
 
     def _run(self, compiled, module, args, kwargs):

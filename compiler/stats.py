@@ -72,6 +72,7 @@ class KilnStats:
     compiles: list[GraphCompile] = field(default_factory=list)
     fallback: Optional[str] = None  # set when the model runs eagerly instead, with the reason
     eager_calls: int = 0            # calls TorchDynamo ran without a compiled graph (e.g. recompile limit)
+    eager_call_reason: Optional[str] = None  # why the first of them ran eagerly
     warnings: list[str] = field(default_factory=list)
     variants: list[VariantRecord] = field(default_factory=list)
     evictions: int = 0              # specialised variants dropped by the LRU bound
@@ -81,6 +82,13 @@ class KilnStats:
     regions_eager: dict = field(default_factory=dict)  # region name -> why it runs eagerly by choice
     eager_kinds: dict = field(default_factory=dict)  # region name -> which kind of choice (EAGER_KINDS)
     region_timings: dict = field(default_factory=dict)  # region name -> RegionTiming: its first call, compiled and eager
+
+    def warn_once(self, note: str) -> bool:
+        """Keep `note` among the warnings unless it is there already; True if it is new (then say it)."""
+        if note in self.warnings:
+            return False
+        self.warnings.append(note)
+        return True
 
     @property
     def compile_count(self) -> int:
@@ -145,7 +153,7 @@ class KilnStats:
         lines += [f"  region {name} stays compiled: {timing.line()}" for name, timing in self.region_timings.items()
                   if name not in self.regions_eager]
         if self.eager_calls:
-            lines.append(f"{self.eager_calls} call(s) ran eagerly: {self.warnings[0]}")
+            lines.append(f"{self.eager_calls} call(s) ran eagerly: {self.eager_call_reason}")
         lines += [f"  graph break at {where} ({n} graph(s))" for where, n in self.graph_breaks.items()]
         lines += ["  " + c.line() for c in self.compiles]
         if self.variants:
@@ -162,6 +170,7 @@ class KilnStats:
 
     def as_dict(self) -> dict:
         return {"options": self.options, "fallback": self.fallback, "eager_calls": self.eager_calls,
+                "eager_call_reason": self.eager_call_reason,
                 "warnings": self.warnings, "compiles": [asdict(c) for c in self.compiles],
                 "pass_counts": self.pass_counts, "recompiles": len(self.recompiles), "graph_breaks": self.graph_breaks,
                 "variants": [asdict(v) for v in self.variants], "evictions": self.evictions,

@@ -73,3 +73,29 @@ def test_calls_routed_routes_inside_and_puts_back_what_was_installed_before():
         assert "_compiled_call_impl" not in block._parameters and "_compiled_call_impl" not in block._modules
     assert block(x) == "installed by someone else"
     assert other.__dict__.get("_compiled_call_impl") is installed and isinstance(other(x), torch.Tensor)
+
+
+def test_a_copied_graph_still_tells_aotautograd_which_inputs_are_weights():
+    """A graph the shape manager lowers again for a pinned shape is a copy of TorchDynamo's. AOTAutograd
+    finds which inputs are weights (CUDA graphs then read them in place, not copy them at every replay)
+    from marks only TorchDynamo's own graph carried before; the copy keeps them."""
+    from torch._functorch._aot_autograd.frontend_utils import _try_get_metadata_from_dynamo
+
+    captured = []
+
+    def backend(gm, example_inputs):
+        captured.append(gm)
+        return gm.forward
+
+    linear = torch.nn.Linear(3, 5)
+    try:
+        torch.compile(lambda x: linear(x).relu(), backend=backend)(torch.randn(2, 3))
+    finally:
+        torch._dynamo.reset()
+    original = captured[0]
+    inputs = len(original.graph.find_nodes(op="placeholder"))
+
+    def weights_of(gm):
+        return _try_get_metadata_from_dynamo(gm, {}.keys(), inputs, [None] * inputs)[1]
+
+    assert weights_of(original) and weights_of(compat.copy_graph_module(original)) == weights_of(original)

@@ -13,7 +13,7 @@ import torch._inductor.config as inductor_config
 from torch._inductor.cudagraph_trees import is_cudagraph_capture_sizes  # what torch asks (2.11 - 2.13)
 
 from kiln.compiler import compat
-from kiln.compiler.cuda_graph_budget import NOT_ASKED, OVER_BOUND, RECORDED, CudaGraphBudget, outputs_of_own
+from kiln.compiler.cuda_graph_budget import NOT_ASKED, OVER_BOUND, RECORDED, CudaGraphBudget
 from kiln.compiler.stats import VariantRecord
 
 
@@ -171,17 +171,28 @@ def test_a_model_called_inside_another_models_call_stays_in_the_outer_step():
         assert _trees_generation() == step
 
 
-def test_a_cuda_graphed_calls_outputs_are_copies_of_its_own():
+def test_a_cuda_graphed_calls_outputs_are_copies_of_its_own(caplog):
     """A step of torch's CUDA graph trees may reuse the memory of the last step's outputs: the whole
     SDXL UNet's output, kept while the next call ran, could no longer be read ("accessing tensor output
     of CUDAGraphs that has been overwritten", seen on an H100). Each tensor handed back is a copy;
-    anything else is handed back as it is."""
+    anything else is handed back as it is; an output with no tensor Kiln can find is said, once."""
+    budget = CudaGraphBudget(limit=2)
     latent, extra = torch.ones(2, 4), torch.zeros(3)
-    outputs = outputs_of_own((latent, {"extra": extra, "steps": 4}, [latent], "name"))
-    copy, extras, listed, name = outputs
+    copy, extras, listed, name = budget.owned((latent, {"extra": extra, "steps": 4}, [latent], "name"))
     assert torch.equal(copy, latent) and copy.data_ptr() != latent.data_ptr()
     assert torch.equal(extras["extra"], extra) and extras["extra"].data_ptr() != extra.data_ptr()
     assert extras["steps"] == 4 and name == "name" and listed[0].data_ptr() != latent.data_ptr()
+
+    class Unknown:  # a container torch's pytree does not know
+        def __init__(self, sample):
+            self.sample = sample
+
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for _ in range(2):
+            kept = Unknown(latent)
+            assert budget.owned(kept) is kept
+    said = [r.getMessage() for r in caplog.records if "holds no tensor" in r.getMessage()]
+    assert len(said) == 1 and "Unknown" in said[0]
 
 
 class _HandsBackItsInput(torch.nn.Module):
@@ -191,20 +202,22 @@ class _HandsBackItsInput(torch.nn.Module):
 
 def test_a_model_with_cuda_graphs_on_hands_back_outputs_copied_inside_its_step(monkeypatch):
     import kiln
-    from kiln.compiler import model as model_module
 
     copied_in = []
+    owned = CudaGraphBudget.owned
 
-    def observed(outputs):
+    def observed(self, outputs):
         copied_in.append(_trees_generation())
-        return outputs_of_own(outputs)
+        return owned(self, outputs)
 
-    monkeypatch.setattr(model_module, "outputs_of_own", observed)
+    monkeypatch.setattr(CudaGraphBudget, "owned", observed)
     x = torch.ones(2, 4)
-    for cuda_graphs in (True, False):
-        out, doubled = kiln.compile(_HandsBackItsInput(), mode="fast", cuda_graphs=cuda_graphs)(x)
-        assert torch.equal(out, x) and torch.equal(doubled, x * 2)
-        if cuda_graphs:
-            assert out.data_ptr() != x.data_ptr()  # the caller's own copy
+    try:
+        for cuda_graphs in (True, False):
+            out, doubled = kiln.compile(_HandsBackItsInput(), mode="fast", cuda_graphs=cuda_graphs)(x)
+            assert torch.equal(out, x) and torch.equal(doubled, x * 2)
+            if cuda_graphs:
+                assert out.data_ptr() != x.data_ptr()  # the caller's own copy
+    finally:
+        torch._dynamo.reset()
     assert len(copied_in) == 1 and copied_in[0] <= compat.KILN_STEPS_FROM  # once, inside the call's step
-    torch._dynamo.reset()

@@ -2,6 +2,7 @@
 one CUDA graph per input shape signature (torch's `cudagraphs` backend alone records the first
 shapes and fails at the first new size, seen on an H200); the recordings themselves need a GPU
 (tests/gpu), the bookkeeping is checked here with torch's backend replaced by a stand-in."""
+import operator
 import os
 import subprocess
 import sys
@@ -79,25 +80,46 @@ def test_torchs_own_cudagraphs_backend_takes_a_graph_captured_with_dynamic_sizes
     linear = torch.nn.Linear(3, 5)
     compiled = torch.compile(lambda x: torch.relu(linear(x)).reshape(x.shape[0], -1, 5).sum(dim=1),
                              backend=backend, dynamic=True)
-    with torch.inference_mode():
-        for batch in (2, 4, 2):
-            x = torch.randn(batch * 2, 3)
-            expected = torch.relu(linear(x)).reshape(batch * 2, -1, 5).sum(dim=1)
-            assert torch.allclose(compiled(x), expected)
+    try:
+        with torch.inference_mode():
+            for batch in (2, 4, 2):
+                x = torch.randn(batch * 2, 3)
+                expected = torch.relu(linear(x)).reshape(batch * 2, -1, 5).sum(dim=1)
+                assert torch.allclose(compiled(x), expected)
+    finally:
+        torch._dynamo.reset()
     per_shape = made[0]
     assert any(not isinstance(n.meta.get("example_value"), torch.Tensor)
                for n in per_shape.gm.graph.nodes if n.op == "placeholder")  # a size among the graph's inputs
     assert len(made) == 1 and len(per_shape.by_signature) == 2
-    torch._dynamo.reset()
+
+
+def _graph_using_its_sizes() -> torch.fx.GraphModule:
+    """x.reshape(n, -1) * scale + n.__mul__(2), torch.full((n,), fill_value=scale), and n, as TorchDynamo
+    records them: sizes in an operator, a method called on a size, a keyword argument, the output."""
+    graph = torch.fx.Graph()
+    x, n, scale = graph.placeholder("x"), graph.placeholder("n"), graph.placeholder("scale")
+    doubled = graph.call_method("__mul__", (n, 2))
+    reshaped = graph.call_method("reshape", (x, n, -1))
+    scaled = graph.call_function(operator.add, (graph.call_function(operator.mul, (reshaped, scale)), doubled))
+    filled = graph.call_function(torch.full, ((n,),), {"fill_value": scale})
+    graph.output((scaled, filled, n))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
 def test_a_graph_for_a_signature_has_its_sizes_written_in():
-    gm = torch.fx.symbolic_trace(lambda x, n, scale: x.reshape(n, -1) * scale + n)
-    static, kept = lowering.graph_for_signature(gm, [torch.arange(6.0), 2, 0.5])
-    assert kept == [0]
-    assert [n.op for n in static.graph.nodes].count("placeholder") == 1
-    assert torch.equal(static(torch.arange(6.0)), gm(torch.arange(6.0), 2, 0.5))
+    gm = _graph_using_its_sizes()
+    args = [torch.arange(6.0), 2, 0.5]
+    sized, takes = lowering.graph_for_signature(gm, args, keyed=[0, 1, 2])
+    assert takes == [0]
+    assert [n.op for n in sized.graph.nodes].count("placeholder") == 1
+    for got, expected in zip(sized(torch.arange(6.0)), gm(*args)):  # in an operator, a method call, a call, the output
+        assert got == expected if isinstance(expected, int) else torch.equal(got, expected)
     assert [n.op for n in gm.graph.nodes].count("placeholder") == 3  # the captured graph is left as it was
+    with pytest.raises(ValueError, match="not part of the shape signature"):  # a value the signature does not key
+        lowering.graph_for_signature(gm, args, keyed=[0, 2])
+    with pytest.raises(ValueError, match="takes 3 inputs"):
+        lowering.graph_for_signature(gm, args[:2], keyed=[0, 1, 2])
 
 
 def test_a_weight_is_not_part_of_the_signature_and_a_failure_is_a_failed_lowering(monkeypatch):

@@ -57,7 +57,7 @@ def test_every_shape_signature_replays_its_own_cuda_graph(mode):
     assert any(v.cuda_graph == "recorded" for v in info.variants), info.summary()
 
 
-@pytest.mark.parametrize("mode, unit", [("fast", "auto"), ("balanced", "auto"), ("balanced", "whole")])
+@pytest.mark.parametrize("mode, unit", [("fast", "auto"), ("fast", "whole"), ("balanced", "auto"), ("balanced", "whole")])
 def test_an_output_kept_across_later_calls_stays_the_callers(mode, unit):
     """Two calls whose outputs are used together (a guidance pair, a comparison with the last step):
     the first call's output stays readable and unchanged through later replays, by blocks and whole
