@@ -306,8 +306,9 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     Inductor, which rewrites the graph it is given, leaves the other as TorchDynamo captured it.
     The copy keeps what marks a graph as TorchDynamo's for AOTAutograd (the module's meta, its
     `_param_name_to_source`, each input's `_dynamo_source`): from these it tells which inputs are
-    weights, which CUDA graphs then read in place instead of copying them at every replay (checked:
-    torch 2.11 - 2.13, `_try_get_metadata_from_dynamo`)."""
+    weights, which Inductor's CUDA graphs (mode balanced's pinned shapes) then read in place instead
+    of copying them at every replay; torch's `cudagraphs` backend ignores them (checked: torch 2.11 -
+    2.13, `_try_get_metadata_from_dynamo`)."""
     graph = torch.fx.Graph()
     value, output = graph.graph_copy(gm.graph, {}, return_output_node=True)
     graph.output(value).meta = dict(output.meta)

@@ -78,7 +78,7 @@ class CudaGraphBudget:
         an H100 with the whole SDXL UNet). A caller that keeps one call's output across the next (two
         calls for a guidance pair, a comparison with an earlier step) would fail. The copy costs one
         write of each output. Tensors in a container torch's pytree does not know cannot be found:
-        then the log says so, once."""
+        when an output holds no tensor Kiln can find at all, the log says so, once."""
         copies = []
 
         def copy(tensor):

@@ -79,7 +79,10 @@ def test_a_copied_graph_still_tells_aotautograd_which_inputs_are_weights():
     """A graph the shape manager lowers again for a pinned shape is a copy of TorchDynamo's. AOTAutograd
     finds which inputs are weights (CUDA graphs then read them in place, not copy them at every replay)
     from marks only TorchDynamo's own graph carried before; the copy keeps them."""
-    from torch._functorch._aot_autograd.frontend_utils import _try_get_metadata_from_dynamo
+    try:  # where torch 2.11 - 2.13 keep it, with four arguments
+        from torch._functorch._aot_autograd.frontend_utils import _try_get_metadata_from_dynamo
+    except ImportError:
+        pytest.skip("this torch reads TorchDynamo's marks elsewhere")
 
     captured = []
 
