@@ -69,7 +69,7 @@ VARIANTS: dict[str, Callable] = {
     "kiln balanced": lambda m: _kiln(m, "balanced"),
     "kiln max": lambda m: _kiln(m, "max"),
     "kiln balanced + cudagraphs": lambda m: _kiln(m, "balanced", cuda_graphs=True),
-    # torch's cudagraphs backend copies the weights a graph takes into each recording: its peak memory
+    # torch's cudagraphs backend copies the weights a graph takes at every replay: what that costs beside balanced
     "kiln fast + cudagraphs": lambda m: _kiln(m, "fast", cuda_graphs=True),
     # by blocks (the default) vs the whole model as one graph: first compile and speed, with and without CUDA graphs
     "kiln balanced whole": lambda m: _kiln(m, "balanced", unit="whole"),
