@@ -143,16 +143,14 @@ def _store_when_built(store: CacheStore, new: Entry, child: subprocess.Popen, wo
         if _exiting:
             return  # stopped as the process exits: nothing to say
         if child.returncode != 0:
-            last = (errors or "").strip().splitlines()[-1:] or ["no message"]
             log.info("Kiln: %s: the background build failed (exit %d: %s); nothing stored", LABEL, child.returncode,
-                     last[0][:300])
+                     _last_line(errors, "no message")[:300])
             return
-        answer = ((output or "").strip().splitlines()[-1:] or [""])[0]
-        if not set(answer.split()) >= set(compat.cpu_vector_isa_answer().split()):
-            said = (errors or "").strip().splitlines()[-1:] or ["nothing on its error output"]
+        answer, ours = _last_line(output, ""), compat.cpu_vector_isa_answer()
+        if not set(answer.split()) >= set(ours.split()):
             log.info("Kiln: %s: the background build found %r where this process found %r (a load of a test "
                      "program starved past Inductor's 60 s limit on a busy CPU? it said: %s); nothing stored", LABEL,
-                     answer[:200], compat.cpu_vector_isa_answer(), said[0][:300])
+                     answer[:200], ours, _last_line(errors, "nothing on its error output")[:300])
             return
         new.compile_seconds = time.perf_counter() - start
         new.files = read_files(work)
@@ -167,6 +165,11 @@ def _store_when_built(store: CacheStore, new: Entry, child: subprocess.Popen, wo
     except Exception as exc:  # a background thread says what went wrong, and never more
         if not _exiting:
             log.warning("Kiln: %s: the background build was not stored (%s)", LABEL, said(exc))
+
+
+def _last_line(text: Optional[str], otherwise: str) -> str:
+    """The last line a child wrote to one of its outputs, or `otherwise` if it wrote none."""
+    return ((text or "").strip().splitlines()[-1:] or [otherwise])[0]
 
 
 def _stop(child: subprocess.Popen) -> None:

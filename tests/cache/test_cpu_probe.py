@@ -179,6 +179,22 @@ def test_a_background_build_that_finds_more_sets_than_this_process_is_stored(tmp
     assert _entry_files(tmp_path) == sorted(FakeProbe.PROGRAMS)
 
 
+def test_a_background_build_that_breaks_while_storing_says_why(tmp_path, monkeypatch, caplog):
+    """Any error in the background thread is said in the log with its type and message, nothing more."""
+    probe = FakeProbe(monkeypatch)
+    probe.probed_without_kiln(tmp_path / "inductor")
+
+    def unreadable(folder):
+        raise ValueError("a program vanished while it was read")
+
+    monkeypatch.setattr(cpu_probe, "read_files", unreadable)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+        finish_background()
+    assert "not stored (ValueError: a program vanished while it was read)" in caplog.text
+    assert _entry_files(tmp_path) is None
+
+
 def test_a_background_build_that_cannot_start_or_takes_too_long_stores_nothing(tmp_path, monkeypatch, caplog):
     probe = FakeProbe(monkeypatch)
     probe.probed_without_kiln(tmp_path / "inductor")
