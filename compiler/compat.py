@@ -477,6 +477,31 @@ def inductor_header_dir() -> Optional[str]:
     return path if isinstance(path, str) else None
 
 
+def build_cpu_kernel_header() -> Optional[str]:
+    """Have Inductor build now the precompiled C++ header its CPU kernels are built with, as its first
+    CPU kernel of the process would (a vectorized kernel's build: `CppPythonBindingsCodeCache.load_async`
+    with no separate kernel code, the probed instruction set; `codecache._precompile_header`, which
+    keeps its answer for the process and skips a header already built; checked: torch 2.13 - 2.14). The
+    header's path, or None where Inductor precompiles none (inductor_header_dir). Run after the CPU probe
+    (the instruction set is part of the header's name) and in a thread of its own: it is compiler runs,
+    most of them one gcc building a header of about 150 MB."""
+    if inductor_header_dir() is None:
+        return None
+    from torch._inductor import codecache, cpu_vec_isa
+    from torch._inductor import config as inductor_config
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
+
+    bindings = codecache.CppPythonBindingsCodeCache
+    header = bindings._get_uncompiled_header("cpu")
+    if header is None:
+        return None
+    command = {**bindings.cpp_compile_command_flags, "device_type": "cpu", "extra_flags": (),
+               "use_relative_path": inductor_config.is_fbcode(), "vec_isa": cpu_vec_isa.pick_vec_isa()}
+    option = CppTorchDeviceOptions(compile_only=False, min_optimize=False, **command)
+    command_line = CppBuilder(name="o", sources="i", BuildOption=option).get_command_line()
+    return codecache._precompile_header(header, command_line, min_optimize=False, **command)
+
+
 def cpu_vector_isa_detected() -> bool:
     """Whether Inductor has probed the CPU in this process (its answer is cached: checked as above)."""
     from torch._inductor import cpu_vec_isa

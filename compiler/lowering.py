@@ -6,6 +6,7 @@ graph again with static sizes?) instead of comparing mode strings.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
@@ -40,6 +41,7 @@ class Lowering:
             return gm.forward, "fx"
         if device == "cpu":
             probe_cpu_once()
+            build_cpu_header_ahead()
         config = compat.inductor_mode_options(self.inductor_preset) if self.inductor_preset else {}
         config["triton.cudagraphs"] = cuda_graphs
         config.update(options.inductor)
@@ -58,6 +60,38 @@ def probe_cpu_once() -> None:
     compat.detect_cpu_vector_isa()
     log.info("Kiln: Inductor probed the CPU's vector instruction sets in %.1fs (once a process; "
              "the sets checked in parallel)", time.perf_counter() - start)
+
+
+_header_ahead: list[threading.Thread] = []  # the build of Inductor's CPU kernel header, once a process
+
+
+def build_cpu_header_ahead() -> None:
+    """Once a process, after the CPU probe: build Inductor's precompiled header for CPU kernels in a
+    thread (compat.build_cpu_kernel_header) while this lowering traces and generates code on the main
+    thread, instead of at its first kernel build. On a machine's first compile (and after the system's
+    temporary folder was cleared, where Kiln's cache does not hold the header) that is 5-7 s of one gcc
+    on a 2-core CPU, most of it now beside the first graph's trace; where the header exists it only
+    checks it (about 0.2 s). Inductor asking for the header meanwhile waits for the same build (its
+    file lock) rather than starting another. A failure costs only the overlap: Inductor builds the
+    header itself, said in the log."""
+    if _header_ahead:
+        return
+    thread = threading.Thread(target=_build_cpu_header, name="kiln-cpu-header", daemon=True)
+    _header_ahead.append(thread)
+    thread.start()
+
+
+def _build_cpu_header() -> None:
+    start = time.perf_counter()
+    try:
+        path = compat.build_cpu_kernel_header()
+    except Exception as exc:  # noqa: BLE001  ahead of time only: Inductor builds it when it needs it
+        log.warning("Kiln: building Inductor's C++ header for CPU kernels ahead failed (%s: %s); Inductor "
+                    "builds it at its first kernel", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return
+    if path is not None:
+        log.info("Kiln: Inductor's C++ header for CPU kernels ready in %.1fs (built beside the first "
+                 "lowering, once a process)", time.perf_counter() - start)
 
 
 class LoweringFailed(RuntimeError):

@@ -433,3 +433,37 @@ def test_a_cpu_lowering_writes_the_headers_back_before_it_runs_and_keeps_those_i
     build(folder, "cnew.h.gch", b"gpch built by no CPU lowering")
     GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lowering, dict(fields, graph="g3", device="cuda"))
     assert len(seen) == 3 and kept(tmp_path) == before[1]  # a CUDA lowering neither writes back nor stores
+
+
+def test_the_header_built_ahead_of_a_cpu_lowering_starts_after_the_cache_wrote_its_headers_back(tmp_path, folder,
+                                                                                                 monkeypatch):
+    """Kiln has Inductor's header built in a thread beside the first CPU lowering (lowering.build_cpu_header_ahead):
+    with a cache, only once the cache has written back the headers it keeps, so the build finds them there."""
+    import torch
+
+    from kiln import CompileOptions
+    from kiln.compiler import lowering
+
+    order = []
+    restore = headers.restore
+    monkeypatch.setattr(cpu_probe, "detect_cpu_vector_isa", lambda store, use_stored: None)  # not this test's
+    monkeypatch.setattr(headers, "restore", lambda store, use_stored=True: order.append("restore") or restore(store, use_stored))
+    monkeypatch.setattr(lowering, "_header_ahead", [])
+    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
+    monkeypatch.setattr(compat, "build_cpu_kernel_header", lambda: order.append("ahead"))
+    monkeypatch.setattr(compat, "inductor_backend", lambda device: lambda gm, args: gm.forward)
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+
+    def lower():
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        compiled = lowering.LOWERINGS["balanced"].lower(gm, [torch.ones(2)], CompileOptions(), "cpu")
+        os.makedirs(os.path.join(cache_dir(), "fxgraph"), exist_ok=True)
+        open(os.path.join(cache_dir(), "fxgraph", "entry"), "w").write("compiled")
+        return compiled
+
+    fields = {"graph": "g1", "inputs": "i1", "options": "{}", "torch": "2.13", "label": "Tiny graph 0",
+              "device": "cpu (x86_64)"}
+    GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lower, fields)
+    lowering._header_ahead[0].join(timeout=10)
+    assert order == ["restore", "ahead"]

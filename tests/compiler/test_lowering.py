@@ -254,6 +254,57 @@ def test_a_cpu_lowering_probes_once_a_process_and_a_cuda_one_never(monkeypatch):
     assert probes == [1]
 
 
+def test_a_cpu_lowering_builds_inductors_header_ahead_once_a_process_in_a_thread_and_a_cuda_one_never(monkeypatch):
+    built = []
+    monkeypatch.setattr(lowering, "_header_ahead", [])
+    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
+    monkeypatch.setattr(compat, "build_cpu_kernel_header", lambda: built.append(threading.current_thread().name))
+    monkeypatch.setattr(compat, "inductor_backend", lambda device: lambda gm, args: gm.forward)
+    balanced = lowering.LOWERINGS["balanced"]
+    balanced.lower(_graph(), [torch.ones(2), 1], CompileOptions(), "cuda")
+    assert lowering._header_ahead == []
+    balanced.lower(_graph(), [torch.ones(2), 1], CompileOptions(), "cpu")
+    balanced.lower(_graph(), [torch.ones(2), 1], CompileOptions(), "cpu")
+    assert len(lowering._header_ahead) == 1
+    lowering._header_ahead[0].join(timeout=10)
+    assert built == ["kiln-cpu-header"]
+
+
+def test_a_header_build_ahead_that_fails_is_said_and_the_lowering_goes_on(monkeypatch, caplog):
+    def fails():
+        raise subprocess.CalledProcessError(1, ["g++", "-x", "c++-header"])
+
+    monkeypatch.setattr(lowering, "_header_ahead", [])
+    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
+    monkeypatch.setattr(compat, "build_cpu_kernel_header", fails)
+    monkeypatch.setattr(compat, "inductor_backend", lambda device: lambda gm, args: gm.forward)
+    with caplog.at_level("WARNING", logger="kiln"):
+        compiled, _ = lowering.LOWERINGS["balanced"].lower(_graph(), [torch.ones(2), 1], CompileOptions(), "cpu")
+        lowering._header_ahead[0].join(timeout=10)
+    assert compiled(torch.ones(2), 1) == 5
+    said = [r.getMessage() for r in caplog.records if "header" in r.getMessage()]
+    assert len(said) == 1 and "CalledProcessError" in said[0] and "Inductor builds it at its first kernel" in said[0]
+
+
+def test_the_header_built_ahead_is_the_one_inductors_next_cpu_kernel_asks_for():
+    """The real build (about 6 s on a 2-core CPU the first time on a machine; a check after that):
+    Inductor's next CPU kernel asks for the same header, so it finds it built and builds no other."""
+    from torch._inductor import codecache
+
+    if compat.inductor_header_dir() is None:
+        pytest.skip("Inductor precompiles no header here")
+    path = compat.build_cpu_kernel_header()
+    before = codecache._precompile_header.cache_info()
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(torch.sin(x) * 1.2345 + 0.5))  # a kernel new to this process
+    with compat.fresh_inductor_cache():
+        compiled = compat.inductor_backend("cpu")(gm, [torch.ones(64, 64)])
+        out = compiled(torch.ones(64, 64))
+    after = codecache._precompile_header.cache_info()
+    expected = torch.relu(torch.sin(torch.ones(64, 64)) * 1.2345 + 0.5)
+    assert torch.allclose(out[0] if isinstance(out, (tuple, list)) else out, expected)
+    assert os.path.isfile(path) and after.currsize == before.currsize and after.hits > before.hits
+
+
 PROBE_CHILD = """
 import sys
 from torch._inductor import cpu_vec_isa
