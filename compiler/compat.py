@@ -477,29 +477,33 @@ def inductor_header_dir() -> Optional[str]:
     return path if isinstance(path, str) else None
 
 
-def build_cpu_kernel_header() -> Optional[str]:
-    """Have Inductor build now the precompiled C++ header its CPU kernels are built with, as its first
-    CPU kernel of the process would (a vectorized kernel's build: `CppPythonBindingsCodeCache.load_async`
-    with no separate kernel code, the probed instruction set; `codecache._precompile_header`, which
-    keeps its answer for the process and skips a header already built; checked: torch 2.13 - 2.14). The
-    header's path, or None where Inductor precompiles none (inductor_header_dir). Run after the CPU probe
-    (the instruction set is part of the header's name) and in a thread of its own: it is compiler runs,
-    most of them one gcc building a header of about 150 MB."""
+def cpu_kernel_header_build() -> tuple[Optional[Callable[[], str]], str]:
+    """(build, why_not): `build()` has Inductor build the precompiled C++ header its CPU kernels are
+    built with and returns its path, as its first CPU kernel of the process would (a kernel of the
+    Python wrapper, built with no separate kernel code: `CppCodeCache.load_async`'s arguments to
+    `codecache._precompile_header`, which keeps its answer for the process, takes a file lock per
+    header and skips one already built; checked: torch 2.13 - 2.14). None, and why, where Inductor
+    would build no such header: none precompiled here (inductor_header_dir), or its C++ wrapper on
+    (`cpp_wrapper`: other headers, other flags). Made after the CPU probe (the instruction set is part
+    of the header's name) in the caller's thread, which also does the imports; `build()` may then run
+    in a thread of its own: it is compiler runs, most of them one gcc writing about 150 MB."""
     if inductor_header_dir() is None:
-        return None
+        return None, "Inductor precompiles no header here"
     from torch._inductor import codecache, cpu_vec_isa
     from torch._inductor import config as inductor_config
     from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
 
+    if inductor_config.cpp_wrapper:
+        return None, "Inductor's C++ wrapper is on (cpp_wrapper): its kernels are built with other headers"
     bindings = codecache.CppPythonBindingsCodeCache
     header = bindings._get_uncompiled_header("cpu")
     if header is None:
-        return None
+        return None, "Inductor precompiles no header for CPU kernels in this torch"
     command = {**bindings.cpp_compile_command_flags, "device_type": "cpu", "extra_flags": (),
                "use_relative_path": inductor_config.is_fbcode(), "vec_isa": cpu_vec_isa.pick_vec_isa()}
     option = CppTorchDeviceOptions(compile_only=False, min_optimize=False, **command)
     command_line = CppBuilder(name="o", sources="i", BuildOption=option).get_command_line()
-    return codecache._precompile_header(header, command_line, min_optimize=False, **command)
+    return (lambda: codecache._precompile_header(header, command_line, min_optimize=False, **command)), ""
 
 
 def cpu_vector_isa_detected() -> bool:

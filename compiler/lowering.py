@@ -5,6 +5,7 @@ graph again with static sizes?) instead of comparing mode strings.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -62,36 +63,57 @@ def probe_cpu_once() -> None:
              "the sets checked in parallel)", time.perf_counter() - start)
 
 
-_header_ahead: list[threading.Thread] = []  # the build of Inductor's CPU kernel header, once a process
+_header_started = False  # Inductor's CPU kernel header asked for ahead in this process (once)
+_header_thread: Optional[threading.Thread] = None
 
 
 def build_cpu_header_ahead() -> None:
-    """Once a process, after the CPU probe: build Inductor's precompiled header for CPU kernels in a
-    thread (compat.build_cpu_kernel_header) while this lowering traces and generates code on the main
+    """Once a process, after the CPU probe: have Inductor's precompiled header for CPU kernels built in
+    a thread (compat.cpu_kernel_header_build) while this lowering traces and generates code on the main
     thread, instead of at its first kernel build. On a machine's first compile (and after the system's
     temporary folder was cleared, where Kiln's cache does not hold the header) that is 5-7 s of one gcc
-    on a 2-core CPU, most of it now beside the first graph's trace; where the header exists it only
-    checks it (about 0.2 s). Inductor asking for the header meanwhile waits for the same build (its
+    on a 2-core CPU, most of it now beside the first graph's trace; where the header exists the thread
+    only checks it (about 0.2 s). Inductor asking for the header meanwhile waits on the same gcc (its
     file lock) rather than starting another. A failure costs only the overlap: Inductor builds the
-    header itself, said in the log."""
-    if _header_ahead:
+    header itself, said in the log. At exit the process waits for a build still running (a header
+    left half-written would be taken as built by the next process)."""
+    global _header_started, _header_thread
+    if _header_started:
         return
-    thread = threading.Thread(target=_build_cpu_header, name="kiln-cpu-header", daemon=True)
-    _header_ahead.append(thread)
-    thread.start()
+    _header_started = True
+    build, why_not = compat.cpu_kernel_header_build()
+    if build is None:
+        log.info("Kiln: Inductor's C++ header for CPU kernels is not built ahead: %s", why_not)
+        return
+    _header_thread = threading.Thread(target=_build_cpu_header, args=(build,), name="kiln-cpu-header", daemon=True)
+    _header_thread.start()
+    atexit.register(_finish_header_build)
 
 
-def _build_cpu_header() -> None:
+def _build_cpu_header(build: Callable[[], str]) -> None:
     start = time.perf_counter()
     try:
-        path = compat.build_cpu_kernel_header()
+        build()
     except Exception as exc:  # noqa: BLE001  ahead of time only: Inductor builds it when it needs it
-        log.warning("Kiln: building Inductor's C++ header for CPU kernels ahead failed (%s: %s); Inductor "
-                    "builds it at its first kernel", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        log.warning("Kiln: Inductor's C++ header for CPU kernels could not be built ahead (%s); Inductor builds it "
+                    "at its first kernel", _failure_text(exc))
         return
-    if path is not None:
-        log.info("Kiln: Inductor's C++ header for CPU kernels ready in %.1fs (built beside the first "
-                 "lowering, once a process)", time.perf_counter() - start)
+    log.info("Kiln: Inductor's C++ header for CPU kernels ready in %.1fs (checked, or built beside the first "
+             "lowering; once a process)", time.perf_counter() - start)
+
+
+def _failure_text(exc: Exception) -> str:
+    """The exception's type and its last line of text, the compiler's output where it carries one
+    (Inductor's CppCompileError ends with gcc's; CalledProcessError keeps it in `output`)."""
+    output = getattr(exc, "output", None)
+    text = output.decode(errors="replace") if isinstance(output, bytes) else output if isinstance(output, str) else ""
+    lines = [line.strip() for line in (text or str(exc)).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1][:300]}" if lines else type(exc).__name__
+
+
+def _finish_header_build(seconds: float = 60.0) -> None:
+    if _header_thread is not None and _header_thread.is_alive():
+        _header_thread.join(seconds)
 
 
 class LoweringFailed(RuntimeError):

@@ -40,6 +40,16 @@ def _no_background_cpu_probe(monkeypatch):
     monkeypatch.setattr(compat, "start_cpu_probe_child", no_child)
 
 
+@pytest.fixture(autouse=True)
+def _no_cpu_header_built_ahead(monkeypatch):
+    """No test's CPU lowering starts Inductor's header build in a background thread (compiler/lowering.py,
+    build_cpu_header_ahead), whose log lines and gcc would land in whichever test runs next; Inductor
+    builds the header itself. tests/compiler/test_lowering.py turns it back on where it tests it."""
+    from kiln.compiler import lowering
+
+    monkeypatch.setattr(lowering, "_header_started", True)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_dynamo_per_module():
     """Every test module starts with empty TorchDynamo caches: the tests compile the same model

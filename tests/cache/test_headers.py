@@ -448,9 +448,10 @@ def test_the_header_built_ahead_of_a_cpu_lowering_starts_after_the_cache_wrote_i
     restore = headers.restore
     monkeypatch.setattr(cpu_probe, "detect_cpu_vector_isa", lambda store, use_stored: None)  # not this test's
     monkeypatch.setattr(headers, "restore", lambda store, use_stored=True: order.append("restore") or restore(store, use_stored))
-    monkeypatch.setattr(lowering, "_header_ahead", [])
+    monkeypatch.setattr(lowering, "_header_started", False)
+    monkeypatch.setattr(lowering, "_header_thread", None)
     monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
-    monkeypatch.setattr(compat, "build_cpu_kernel_header", lambda: order.append("ahead"))
+    monkeypatch.setattr(compat, "cpu_kernel_header_build", lambda: (lambda: order.append("ahead"), ""))
     monkeypatch.setattr(compat, "inductor_backend", lambda device: lambda gm, args: gm.forward)
     gm = torch.fx.symbolic_trace(lambda x: x * 2)
 
@@ -465,5 +466,5 @@ def test_the_header_built_ahead_of_a_cpu_lowering_starts_after_the_cache_wrote_i
     fields = {"graph": "g1", "inputs": "i1", "options": "{}", "torch": "2.13", "label": "Tiny graph 0",
               "device": "cpu (x86_64)"}
     GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lower, fields)
-    lowering._header_ahead[0].join(timeout=10)
+    lowering._header_thread.join(timeout=10)
     assert order == ["restore", "ahead"]

@@ -254,55 +254,87 @@ def test_a_cpu_lowering_probes_once_a_process_and_a_cuda_one_never(monkeypatch):
     assert probes == [1]
 
 
-def test_a_cpu_lowering_builds_inductors_header_ahead_once_a_process_in_a_thread_and_a_cuda_one_never(monkeypatch):
+@pytest.fixture
+def header_ahead(monkeypatch):
+    """A process that has not asked for Inductor's CPU header yet, its probe done, Inductor's lowering
+    replaced by the graph itself; the build set with `header_ahead(build)` (None: as torch has it)."""
+    monkeypatch.setattr(lowering, "_header_started", False)
+    monkeypatch.setattr(lowering, "_header_thread", None)
+    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
+    monkeypatch.setattr(compat, "inductor_backend", lambda device: lambda gm, args: gm.forward)
+
+    def set_build(build, why_not=""):
+        monkeypatch.setattr(compat, "cpu_kernel_header_build", lambda: (build, why_not))
+
+    return set_build
+
+
+def _lower_on(device):
+    return lowering.LOWERINGS["balanced"].lower(_graph(), [torch.ones(2), 1], CompileOptions(), device)
+
+
+def test_a_cpu_lowering_builds_inductors_header_ahead_once_a_process_in_a_thread_and_a_cuda_one_never(header_ahead):
     built = []
-    monkeypatch.setattr(lowering, "_header_ahead", [])
-    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
-    monkeypatch.setattr(compat, "build_cpu_kernel_header", lambda: built.append(threading.current_thread().name))
-    monkeypatch.setattr(compat, "inductor_backend", lambda device: lambda gm, args: gm.forward)
-    balanced = lowering.LOWERINGS["balanced"]
-    balanced.lower(_graph(), [torch.ones(2), 1], CompileOptions(), "cuda")
-    assert lowering._header_ahead == []
-    balanced.lower(_graph(), [torch.ones(2), 1], CompileOptions(), "cpu")
-    balanced.lower(_graph(), [torch.ones(2), 1], CompileOptions(), "cpu")
-    assert len(lowering._header_ahead) == 1
-    lowering._header_ahead[0].join(timeout=10)
-    assert built == ["kiln-cpu-header"]
+    header_ahead(lambda: built.append(threading.current_thread().name))
+    _lower_on("cuda")
+    assert lowering._header_thread is None
+    _lower_on("cpu")
+    thread = lowering._header_thread
+    _lower_on("cpu")
+    thread.join(timeout=10)
+    assert lowering._header_thread is thread and built == ["kiln-cpu-header"]
 
 
-def test_a_header_build_ahead_that_fails_is_said_and_the_lowering_goes_on(monkeypatch, caplog):
+def test_a_header_build_ahead_that_fails_says_the_compilers_last_line_and_the_lowering_goes_on(header_ahead, caplog):
     def fails():
-        raise subprocess.CalledProcessError(1, ["g++", "-x", "c++-header"])
+        raise subprocess.CalledProcessError(1, ["g++", "-x", "c++-header"], output="header.h:1: fatal error: no space left")
 
-    monkeypatch.setattr(lowering, "_header_ahead", [])
-    monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
-    monkeypatch.setattr(compat, "build_cpu_kernel_header", fails)
-    monkeypatch.setattr(compat, "inductor_backend", lambda device: lambda gm, args: gm.forward)
+    header_ahead(fails)
     with caplog.at_level("WARNING", logger="kiln"):
-        compiled, _ = lowering.LOWERINGS["balanced"].lower(_graph(), [torch.ones(2), 1], CompileOptions(), "cpu")
-        lowering._header_ahead[0].join(timeout=10)
+        compiled, _ = _lower_on("cpu")
+        lowering._header_thread.join(timeout=10)
     assert compiled(torch.ones(2), 1) == 5
     said = [r.getMessage() for r in caplog.records if "header" in r.getMessage()]
-    assert len(said) == 1 and "CalledProcessError" in said[0] and "Inductor builds it at its first kernel" in said[0]
+    assert len(said) == 1 and "CalledProcessError: header.h:1: fatal error: no space left" in said[0]
+    assert "Inductor builds it at its first kernel" in said[0]
 
 
-def test_the_header_built_ahead_is_the_one_inductors_next_cpu_kernel_asks_for():
+def test_where_inductor_builds_no_such_header_none_is_built_ahead_and_the_log_says_why(header_ahead, caplog):
+    header_ahead(None, "Inductor's C++ wrapper is on (cpp_wrapper): its kernels are built with other headers")
+    with caplog.at_level("INFO", logger="kiln"):
+        _lower_on("cpu")
+        _lower_on("cpu")
+    said = [r.getMessage() for r in caplog.records if "header" in r.getMessage()]
+    assert lowering._header_thread is None and len(said) == 1 and "cpp_wrapper" in said[0]
+
+
+def test_with_inductors_cpp_wrapper_on_no_header_is_built_ahead(monkeypatch):
+    monkeypatch.setattr(inductor_config, "cpp_wrapper", True)
+    build, why_not = compat.cpu_kernel_header_build()
+    assert build is None and why_not
+
+
+def test_the_header_built_ahead_is_the_one_inductors_next_cpu_kernel_asks_for(monkeypatch):
     """The real build (about 6 s on a 2-core CPU the first time on a machine; a check after that):
-    Inductor's next CPU kernel asks for the same header, so it finds it built and builds no other."""
+    Inductor's next CPU kernel asks for the header with the same arguments, so it finds it built and
+    builds no other. Recorded at the call, whatever Inductor's own cache of answers holds."""
     from torch._inductor import codecache
 
-    if compat.inductor_header_dir() is None:
-        pytest.skip("Inductor precompiles no header here")
-    path = compat.build_cpu_kernel_header()
-    before = codecache._precompile_header.cache_info()
+    build, why_not = compat.cpu_kernel_header_build()
+    if build is None:
+        pytest.skip(why_not)
+    asked = []
+    real = codecache._precompile_header
+    monkeypatch.setattr(codecache, "_precompile_header",
+                        lambda *args, **kwargs: asked.append((args, list(kwargs.items()))) or real(*args, **kwargs))
+    path = build()
     gm = torch.fx.symbolic_trace(lambda x: torch.relu(torch.sin(x) * 1.2345 + 0.5))  # a kernel new to this process
     with compat.fresh_inductor_cache():
         compiled = compat.inductor_backend("cpu")(gm, [torch.ones(64, 64)])
         out = compiled(torch.ones(64, 64))
-    after = codecache._precompile_header.cache_info()
     expected = torch.relu(torch.sin(torch.ones(64, 64)) * 1.2345 + 0.5)
     assert torch.allclose(out[0] if isinstance(out, (tuple, list)) else out, expected)
-    assert os.path.isfile(path) and after.currsize == before.currsize and after.hits > before.hits
+    assert len(asked) == 2 and asked[1] == asked[0] and os.path.isfile(path)
 
 
 PROBE_CHILD = """
