@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -63,8 +64,10 @@ def probe_cpu_once() -> None:
              "the sets checked in parallel)", time.perf_counter() - start)
 
 
-_header_started = False  # Inductor's CPU kernel header asked for ahead in this process (once)
+_header_asked = False  # Inductor's CPU kernel header asked for ahead in this process (once), or that turned off
 _header_thread: Optional[threading.Thread] = None
+_exiting = False  # the process waits for the build at exit: a build stopped then is not a failure to report
+_COUNT_OF_ERRORS = re.compile(r"\d+ errors? generated\.", re.IGNORECASE)  # clang's last line
 
 
 def build_cpu_header_ahead() -> None:
@@ -74,20 +77,25 @@ def build_cpu_header_ahead() -> None:
     temporary folder was cleared, where Kiln's cache does not hold the header) that is 5-7 s of one gcc
     on a 2-core CPU, most of it now beside the first graph's trace; where the header exists the thread
     only checks it (about 0.2 s). Inductor asking for the header meanwhile waits on the same gcc (its
-    file lock) rather than starting another. A failure costs only the overlap: Inductor builds the
-    header itself, said in the log. At exit the process waits for a build still running (a header
-    left half-written would be taken as built by the next process)."""
-    global _header_started, _header_thread
-    if _header_started:
+    file lock) rather than starting another. Nothing here stops a lowering: a failure costs only the
+    overlap (Inductor builds the header itself), said in the log. At exit the process waits up to 60 s
+    for a build still running, so the header's file lock is held until gcc has written it."""
+    global _header_asked, _header_thread
+    if _header_asked:
         return
-    _header_started = True
-    build, why_not = compat.cpu_kernel_header_build()
-    if build is None:
-        log.info("Kiln: Inductor's C++ header for CPU kernels is not built ahead: %s", why_not)
+    _header_asked = True
+    try:
+        build, why_not = compat.cpu_kernel_header_build()
+        if build is None:
+            log.info("Kiln: Inductor's C++ header for CPU kernels is not built ahead: %s", why_not)
+            return
+        thread = threading.Thread(target=_build_cpu_header, args=(build,), name="kiln-cpu-header", daemon=True)
+        thread.start()
+    except Exception as exc:  # noqa: BLE001  ahead of time only: it never stops a lowering
+        _say_not_built_ahead(exc)
         return
-    _header_thread = threading.Thread(target=_build_cpu_header, args=(build,), name="kiln-cpu-header", daemon=True)
-    _header_thread.start()
-    atexit.register(_finish_header_build)
+    _header_thread = thread
+    atexit.register(_wait_for_header_build)
 
 
 def _build_cpu_header(build: Callable[[], str]) -> None:
@@ -95,23 +103,36 @@ def _build_cpu_header(build: Callable[[], str]) -> None:
     try:
         build()
     except Exception as exc:  # noqa: BLE001  ahead of time only: Inductor builds it when it needs it
-        log.warning("Kiln: Inductor's C++ header for CPU kernels could not be built ahead (%s); Inductor builds it "
-                    "at its first kernel", _failure_text(exc))
+        if not _exiting:
+            _say_not_built_ahead(exc)
         return
     log.info("Kiln: Inductor's C++ header for CPU kernels ready in %.1fs (checked, or built beside the first "
              "lowering; once a process)", time.perf_counter() - start)
 
 
+def _say_not_built_ahead(exc: Exception) -> None:
+    log.warning("Kiln: Inductor's C++ header for CPU kernels could not be built ahead (%s); Inductor builds it "
+                "at its first kernel", _failure_text(exc))
+
+
 def _failure_text(exc: Exception) -> str:
-    """The exception's type and its last line of text, the compiler's output where it carries one
-    (Inductor's CppCompileError ends with gcc's; CalledProcessError keeps it in `output`)."""
-    output = getattr(exc, "output", None)
-    text = output.decode(errors="replace") if isinstance(output, bytes) else output if isinstance(output, str) else ""
-    lines = [line.strip() for line in (text or str(exc)).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[-1][:300]}" if lines else type(exc).__name__
+    """The exception's type and the line that says what failed: the last line naming an error in the
+    compiler's output (gcc ends its own with "compilation terminated.", clang with "1 error generated."),
+    looked for in the exception's `output` (Inductor's CppCompileError, CalledProcessError), its
+    `stderr`, then its message; else that text's last line."""
+    for text in (getattr(exc, "output", None), getattr(exc, "stderr", None), str(exc)):
+        if isinstance(text, bytes):
+            text = text.decode(errors="replace")
+        lines = [line.strip() for line in text.splitlines() if line.strip()] if isinstance(text, str) else []
+        if lines:
+            errors = [line for line in lines if "error" in line.lower() and not _COUNT_OF_ERRORS.fullmatch(line)]
+            return f"{type(exc).__name__}: {(errors or lines)[-1][:300]}"
+    return type(exc).__name__
 
 
-def _finish_header_build(seconds: float = 60.0) -> None:
+def _wait_for_header_build(seconds: float = 60.0) -> None:
+    global _exiting
+    _exiting = True
     if _header_thread is not None and _header_thread.is_alive():
         _header_thread.join(seconds)
 

@@ -9,9 +9,9 @@ clears it, or in a new container, every warm start paid those seconds. So Kiln k
 built while it ran as one signed entry per cache and, before a process's first CPU lowering with that
 cache, writes back those the folder lacks. Inductor's own names decide which header it uses (they hash
 the header's preprocessed text, the compiler flags and the compiler's version); a written-back file it
-does not name is never read. After `restore` (which never writes over a file), Kiln asks for the
-header once a process in a thread beside the first lowering (lowering.build_cpu_header_ahead):
-gcc builds it there only where it is still missing.
+does not name is never read. Once a process, Kiln also asks for the header in a thread beside the
+first CPU lowering (lowering.build_cpu_header_ahead), after `restore` where that lowering uses a
+cache (restore never writes over a file): gcc builds it there only where it is still missing.
 
 The folder is shared by the user's processes. Kiln notes what it holds when it first looks in a
 process, leaving out the headers built since Kiln was loaded (by a compile that did not use Kiln's

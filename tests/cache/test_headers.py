@@ -448,7 +448,7 @@ def test_the_header_built_ahead_of_a_cpu_lowering_starts_after_the_cache_wrote_i
     restore = headers.restore
     monkeypatch.setattr(cpu_probe, "detect_cpu_vector_isa", lambda store, use_stored: None)  # not this test's
     monkeypatch.setattr(headers, "restore", lambda store, use_stored=True: order.append("restore") or restore(store, use_stored))
-    monkeypatch.setattr(lowering, "_header_started", False)
+    monkeypatch.setattr(lowering, "_header_asked", False)
     monkeypatch.setattr(lowering, "_header_thread", None)
     monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
     monkeypatch.setattr(compat, "cpu_kernel_header_build", lambda: (lambda: order.append("ahead"), ""))

@@ -258,7 +258,7 @@ def test_a_cpu_lowering_probes_once_a_process_and_a_cuda_one_never(monkeypatch):
 def header_ahead(monkeypatch):
     """A process that has not asked for Inductor's CPU header yet, its probe done, Inductor's lowering
     replaced by the graph itself; the build set with `header_ahead(build)` (None: as torch has it)."""
-    monkeypatch.setattr(lowering, "_header_started", False)
+    monkeypatch.setattr(lowering, "_header_asked", False)
     monkeypatch.setattr(lowering, "_header_thread", None)
     monkeypatch.setattr(compat, "cpu_vector_isa_detected", lambda: True)
     monkeypatch.setattr(compat, "inductor_backend", lambda device: lambda gm, args: gm.forward)
@@ -285,9 +285,17 @@ def test_a_cpu_lowering_builds_inductors_header_ahead_once_a_process_in_a_thread
     assert lowering._header_thread is thread and built == ["kiln-cpu-header"]
 
 
-def test_a_header_build_ahead_that_fails_says_the_compilers_last_line_and_the_lowering_goes_on(header_ahead, caplog):
+GCC_FAILED = """In file included from /tmp/torchinductor_me/precompiled_headers/cabc.h:1:
+/usr/include/c++/12/cmath:45:15: fatal error: math.h: No such file or directory
+   45 | #include_next <math.h>
+      |               ^~~~~~~~
+compilation terminated.
+"""
+
+
+def test_a_header_build_ahead_that_fails_says_the_compilers_error_and_the_lowering_goes_on(header_ahead, caplog):
     def fails():
-        raise subprocess.CalledProcessError(1, ["g++", "-x", "c++-header"], output="header.h:1: fatal error: no space left")
+        raise subprocess.CalledProcessError(1, ["g++", "-x", "c++-header"], output=GCC_FAILED)
 
     header_ahead(fails)
     with caplog.at_level("WARNING", logger="kiln"):
@@ -295,8 +303,45 @@ def test_a_header_build_ahead_that_fails_says_the_compilers_last_line_and_the_lo
         lowering._header_thread.join(timeout=10)
     assert compiled(torch.ones(2), 1) == 5
     said = [r.getMessage() for r in caplog.records if "header" in r.getMessage()]
-    assert len(said) == 1 and "CalledProcessError: header.h:1: fatal error: no space left" in said[0]
+    assert len(said) == 1 and "CalledProcessError: /usr/include/c++/12/cmath:45:15: fatal error: math.h" in said[0]
     assert "Inductor builds it at its first kernel" in said[0]
+
+
+def test_a_torch_whose_header_build_cannot_be_made_still_lowers_and_says_so(header_ahead, monkeypatch, caplog):
+    def cannot():
+        raise AttributeError("type object 'CppPythonBindingsCodeCache' has no attribute 'cpp_compile_command_flags'")
+
+    header_ahead(None)
+    monkeypatch.setattr(compat, "cpu_kernel_header_build", cannot)
+    with caplog.at_level("WARNING", logger="kiln"):
+        compiled, _ = _lower_on("cpu")
+    said = [r.getMessage() for r in caplog.records if "header" in r.getMessage()]
+    assert compiled(torch.ones(2), 1) == 5 and lowering._header_thread is None
+    assert len(said) == 1 and "AttributeError: type object 'CppPythonBindingsCodeCache'" in said[0]
+
+
+def test_a_failure_is_said_by_the_line_naming_the_error_wherever_the_exception_keeps_it():
+    from torch._inductor.exc import CppCompileError
+
+    clang = "kernel.cpp:3:1: error: unknown type name 'vec'\n1 error generated.\n"
+    assert lowering._failure_text(CppCompileError(["g++"], GCC_FAILED)).endswith("fatal error: math.h: No such file or directory")
+    assert lowering._failure_text(subprocess.CalledProcessError(1, ["clang++"], output=None, stderr=clang.encode())) == (
+        "CalledProcessError: kernel.cpp:3:1: error: unknown type name 'vec'")
+    assert lowering._failure_text(OSError(28, "No space left on device")) == "OSError: [Errno 28] No space left on device"
+    assert lowering._failure_text(RuntimeError("")) == "RuntimeError"
+
+
+def test_a_thread_that_cannot_start_is_said_and_the_lowering_goes_on(header_ahead, monkeypatch, caplog):
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    header_ahead(lambda: None)
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with caplog.at_level("WARNING", logger="kiln"):
+        compiled, _ = _lower_on("cpu")
+    said = [r.getMessage() for r in caplog.records if "header" in r.getMessage()]
+    assert compiled(torch.ones(2), 1) == 5 and lowering._header_thread is None
+    assert len(said) == 1 and "RuntimeError: can't start new thread" in said[0]
 
 
 def test_where_inductor_builds_no_such_header_none_is_built_ahead_and_the_log_says_why(header_ahead, caplog):
