@@ -354,9 +354,12 @@ def test_where_inductor_builds_no_such_header_none_is_built_ahead_and_the_log_sa
 
 
 def test_with_inductors_cpp_wrapper_on_no_header_is_built_ahead(monkeypatch):
+    if compat.inductor_header_dir() is None:
+        pytest.skip("Inductor precompiles no header here, C++ wrapper or not")
+    assert compat.cpu_kernel_header_build()[0] is not None  # off, as torch has it: one is built
     monkeypatch.setattr(inductor_config, "cpp_wrapper", True)
     build, why_not = compat.cpu_kernel_header_build()
-    assert build is None and why_not
+    assert build is None and "cpp_wrapper" in why_not
 
 
 def test_the_header_built_ahead_is_the_one_inductors_next_cpu_kernel_asks_for(monkeypatch):
