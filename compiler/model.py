@@ -102,6 +102,7 @@ class KilnModel(torch.nn.Module):
         self._regions: Optional[RegionalCompile] = None  # compiled by blocks: the regions, made on the first call
         # with cuda_graphs on, what bounds the recordings: the model's input shapes (compiler/cuda_graph_budget.py)
         self._cuda_graphs: Optional[CudaGraphBudget] = None
+        self._first_call_cache: Optional[GraphCache] = None  # whose work ahead the first call waits for at its end
 
     @property
     def original(self) -> torch.nn.Module:
@@ -117,7 +118,16 @@ class KilnModel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         module = self.original
-        compiled = None if self.stats.fallback else self._compiled or self._regions or self._prepare()
+        compiled = None if self.stats.fallback else self._compiled or self._regions or self._prepare(args, kwargs)
+        if self._first_call_cache is not None:  # the work started beside the first call ends with it
+            cache, self._first_call_cache = self._first_call_cache, None
+            try:
+                return self._call(compiled, module, args, kwargs)
+            finally:
+                cache.finish_ahead()
+        return self._call(compiled, module, args, kwargs)
+
+    def _call(self, compiled, module, args, kwargs):
         if compiled is None:
             return module(*args, **kwargs)
         if self._cuda_graphs is not None:
@@ -141,18 +151,18 @@ class KilnModel(torch.nn.Module):
             return backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs),
                                self._fall_back)
 
-    def _prepare(self):
+    def _prepare(self, args=(), kwargs=None):
         """Execute the plan's steps (STEPS order). None, and the model runs eagerly, if there is nothing
         to compile or the compile cannot be set up here (said loudly, in the log and stats.fallback)."""
         if self.plan.compile is None:
             return None
         try:
-            return self._set_up_compile()
+            return self._set_up_compile(_tensor_device(args, kwargs or {}))
         except Exception as exc:  # noqa: BLE001  e.g. TorchDynamo cannot load here: the model still runs
             self._fall_back(f"cannot set up the compile ({type(exc).__name__}: {exc})", exc)
             return None
 
-    def _set_up_compile(self):
+    def _set_up_compile(self, input_device: Optional[str] = None):
         problem = unavailable_reason()
         if problem:
             self._fall_back(problem)
@@ -165,6 +175,9 @@ class KilnModel(torch.nn.Module):
             log.warning("Kiln: %s", note)
             self.stats.warnings.append(note)
         cache = GraphCache(self.plan.cache) if self.plan.cache is not None else None
+        if cache is not None and options.lowering.uses_inductor and (input_device or _device_of(module)) == "cpu":
+            cache.ready_cpu_files_ahead()  # beside the first capture (graph_cache's note)
+            self._first_call_cache = cache
         note = self.plan.cache_unused()
         if note:
             log.info("Kiln: %s", note)
@@ -212,6 +225,14 @@ class KilnModel(torch.nn.Module):
         self.stats.fallback = reason
         log.error("Kiln: %s -- %s runs eagerly from now on", reason, label_of(self.original),
                   exc_info=exc)
+
+
+def _tensor_device(args, kwargs) -> Optional[str]:
+    """The device type of the call's first tensor argument (the latent), or None if it has none."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device.type
+    return None
 
 
 def _device_of(module: torch.nn.Module) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -23,7 +24,7 @@ from . import cpu_probe, headers
 from . import key as cache_key
 from .options import CacheOptions
 from .entry import KEY_PATTERN
-from .store import CacheStore, Entry, error_text, read_files, read_or_refuse, write_files
+from .store import CacheStore, Entry, error_text, read_files, read_or_refuse, said, write_files
 from .trust import CacheError
 
 log = logging.getLogger("kiln")
@@ -32,6 +33,9 @@ NEEDS_FILE = "kiln-needs.json"           # in an entry: the keys of the entries 
 MAX_NEEDS = 256
 MAX_NEEDS_BYTES = MAX_NEEDS * 40  # a JSON list of that many 32-digit keys, with room to spare
 GRAPH_FOLDERS = ("fxgraph", "aotautograd")  # Inductor's per-graph records: a needed entry's stay with it
+# held while Inductor's CPU files are made ready (cpu_probe, headers), in whichever thread: the probe points
+# Inductor's cache directory (process-wide) at Kiln's folder, so no lowering may run meanwhile
+_cpu_files_lock = threading.Lock()
 
 
 @dataclass
@@ -66,6 +70,47 @@ class GraphCache:
         self.unavailable = "" if options.mode != "off" else "cache off"
         # the entries this model stored or loaded so far, in order: a later entry needs their kernels
         self._seen: list[str] = []
+        self._ahead: Optional[threading.Thread] = None  # making the CPU files ready beside the first call
+
+    def ready_cpu_files_ahead(self) -> None:
+        """At a CPU model's first call, before it captures: make Inductor's CPU files ready from the
+        cache (the CPU probe's test programs, the precompiled headers: `_ready_cpu_files`) in a thread,
+        beside TorchDynamo's capture of the first graph, instead of at its first lowering: on a warm start
+        they are 1.5 s of file writes and child processes that need nothing from the capture. Every
+        lowering through this cache waits for them (`lower`), and so does the end of the first call
+        (`finish_ahead`). A thread that cannot start leaves them to the first lowering, said in the log."""
+        store = self.store()
+        if store is None or self._ahead is not None:
+            return
+        try:
+            thread = threading.Thread(target=self._ready_ahead, args=(store,), name="kiln-cpu-files", daemon=True)
+            thread.start()
+        except RuntimeError as exc:  # no thread can be started here
+            log.info("Kiln: Inductor's CPU files are made ready at the first lowering, not beside the capture (%s)",
+                     said(exc))
+            return
+        self._ahead = thread
+
+    def finish_ahead(self) -> None:
+        """Wait for the work `ready_cpu_files_ahead` started (nothing if none runs)."""
+        thread, self._ahead = self._ahead, None
+        if thread is not None:
+            thread.join()
+
+    def _ready_ahead(self, store: CacheStore) -> None:
+        try:
+            self._ready_cpu_files(store)
+        except Exception as exc:  # noqa: BLE001  a thread says what went wrong; the lowering probes itself
+            log.warning("Kiln: Inductor's CPU files could not be made ready from Kiln's cache (%s); Inductor makes "
+                        "them itself at its first CPU lowering", said(exc))
+
+    def _ready_cpu_files(self, store: CacheStore) -> None:
+        """Inductor's CPU probe with its programs from `store` and the headers `store` keeps written back
+        (each once a process for each cache), before Inductor's cache directory becomes a lowering's own."""
+        use_stored = self.options.mode == "use"
+        with _cpu_files_lock:
+            cpu_probe.detect_cpu_vector_isa(store, use_stored=use_stored)
+            headers.restore(store, use_stored=use_stored)
 
     def store(self) -> Optional[CacheStore]:
         if self.unavailable:
@@ -90,6 +135,7 @@ class GraphCache:
     def lower(self, lower: Callable[[], tuple], fields: dict) -> tuple[Callable, str, CacheEvent]:
         """Run `lower()` (a Lowering.lower call returning (callable, name)) under the cache.
         `fields`: the entry's key fields (cache/key.py entry_fields)."""
+        self.finish_ahead()  # on any device, with or without the store: no lowering beside the probe
         key = cache_key.entry_key(fields)
         label = fields.get("label", "graph")
         store = self.store()
@@ -97,9 +143,7 @@ class GraphCache:
             return self._without_cache(lower, label, key)
         on_cpu = str(fields.get("device", "")).startswith("cpu")
         if on_cpu:
-            # before Inductor's cache directory becomes the lowering's own
-            cpu_probe.detect_cpu_vector_isa(store, use_stored=self.options.mode == "use")
-            headers.restore(store, use_stored=self.options.mode == "use")
+            self._ready_cpu_files(store)  # done already where it ran ahead
         entry, reason = None, ""
         try:
             if self.options.mode == "use":

@@ -4,6 +4,8 @@ import errno
 import json
 import logging
 import os
+import threading
+import time
 
 import pytest
 
@@ -377,3 +379,98 @@ def test_a_needs_list_too_long_or_naming_a_damaged_entry_still_loads_its_own_ent
     lowering = KernelLowering("B", ("k2",), set())
     _, _, event = GraphCache(options).lower(lowering, dict(FIELDS, graph="B"))
     assert event.outcome == "hit" and "not a list of at most 256 entry keys" in caplog.text
+
+
+class CpuFilesRecorder:
+    """Stands in for the CPU probe and the header write-back that GraphCache runs before a CPU lowering:
+    records which thread ran each and when, and can take a while or fail."""
+
+    def __init__(self, monkeypatch, seconds=0.0, fails=None):
+        from kiln.compiler.cache import graph_cache
+
+        self.calls, self.seconds, self.fails = [], seconds, fails
+        monkeypatch.setattr(graph_cache.cpu_probe, "detect_cpu_vector_isa", self.probe)
+        monkeypatch.setattr(graph_cache.headers, "restore", self.restore)
+
+    def probe(self, store, use_stored=True):
+        self.calls.append(("probe", threading.current_thread().name, time.perf_counter()))
+        time.sleep(self.seconds)
+        if self.fails:
+            raise self.fails
+        self.calls.append(("probe done", threading.current_thread().name, time.perf_counter()))
+
+    def restore(self, store, use_stored=True):
+        self.calls.append(("restore", threading.current_thread().name, time.perf_counter()))
+
+    def when(self, what):
+        return [at for name, _, at in self.calls if name == what]
+
+
+class TimedLowering(FakeLowering):
+    def __call__(self):
+        self.started = time.perf_counter()
+        return super().__call__()
+
+
+def test_the_cpu_files_are_made_ready_in_a_thread_and_a_lowering_waits_for_them(tmp_path, monkeypatch):
+    recorder = CpuFilesRecorder(monkeypatch, seconds=0.3)
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    cache.ready_cpu_files_ahead()
+    lowering = TimedLowering()
+    _, _, event = cache.lower(lowering, dict(FIELDS, device="cpu"))
+    assert event.outcome == "miss"
+    first = recorder.calls[:3]
+    assert [(name, thread) for name, thread, _ in first] == [
+        ("probe", "kiln-cpu-files"), ("probe done", "kiln-cpu-files"), ("restore", "kiln-cpu-files")]
+    assert lowering.started > first[-1][2]  # the lowering began once they were ready
+    assert cache._ahead is None  # waited for
+    assert [(name, thread) for name, thread, _ in recorder.calls[3:]] == [  # then only asked again: once a process
+        ("probe", "MainThread"), ("probe done", "MainThread"), ("restore", "MainThread")]
+
+
+def test_a_lowering_on_another_device_waits_for_them_too(tmp_path, monkeypatch):
+    recorder = CpuFilesRecorder(monkeypatch, seconds=0.3)
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    cache.ready_cpu_files_ahead()
+    lowering = TimedLowering()
+    cache.lower(lowering, dict(FIELDS, device="cuda"))
+    assert lowering.started > recorder.when("probe done")[0]  # Inductor's cache directory is the probe's meanwhile
+    assert all(thread == "kiln-cpu-files" for _, thread, _ in recorder.calls)  # nothing made ready for a GPU lowering
+
+
+def test_a_failure_beside_the_capture_is_said_and_the_lowering_goes_on(tmp_path, monkeypatch, caplog):
+    recorder = CpuFilesRecorder(monkeypatch, fails=OSError(errno.ENOSPC, "No space left on device"))
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        cache.ready_cpu_files_ahead()
+        cache.finish_ahead()
+        _, _, event = cache.lower(FakeLowering(), dict(FIELDS))
+    assert event.outcome == "miss"
+    assert "Inductor's CPU files could not be made ready from Kiln's cache (No space left on device)" in caplog.text
+    assert recorder.when("probe")
+
+
+def test_a_thread_that_cannot_start_leaves_them_to_the_first_lowering(tmp_path, monkeypatch, caplog):
+    recorder = CpuFilesRecorder(monkeypatch)
+
+    def refused(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cache.ready_cpu_files_ahead()
+    assert "made ready at the first lowering, not beside the capture (RuntimeError: can't start new thread)" in caplog.text
+    monkeypatch.undo()
+    recorder = CpuFilesRecorder(monkeypatch)
+    cache.lower(FakeLowering(), dict(FIELDS, device="cpu"))
+    assert [(name, thread) for name, thread, _ in recorder.calls] == [
+        ("probe", "MainThread"), ("probe done", "MainThread"), ("restore", "MainThread")]
+
+
+def test_with_the_cache_off_nothing_runs_ahead(tmp_path, monkeypatch):
+    recorder = CpuFilesRecorder(monkeypatch)
+    cache = GraphCache(CacheOptions(dir=str(tmp_path / "c"), mode="off"))
+    cache.ready_cpu_files_ahead()
+    cache.finish_ahead()
+    assert recorder.calls == [] and cache._ahead is None
