@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import subprocess
 import threading
 import time
@@ -52,6 +53,15 @@ def probe_fields() -> dict:
     environment = environment_fields("cpu")
     return {"cpu_probe": "vector instruction sets", **{name: environment[name] for name in ("device", "torch", "python")},
             "label": LABEL}
+
+
+def builds_programs(store: CacheStore, use_stored: bool = True) -> bool:
+    """Whether `detect_cpu_vector_isa(store, use_stored)` would build Inductor's test programs in this
+    process: it has not probed, and `store` holds no programs for it (or is not to be read). Those are
+    compiler runs on every core of a small CPU, not work to put beside a capture."""
+    if compat.cpu_vector_isa_detected() or not compat.cpu_probe_builds_programs():
+        return False
+    return not (use_stored and os.path.isfile(store.path(entry_key(probe_fields()))))
 
 
 def detect_cpu_vector_isa(store: CacheStore, use_stored: bool = True) -> None:

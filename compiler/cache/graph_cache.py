@@ -78,9 +78,12 @@ class GraphCache:
         beside TorchDynamo's capture of the first graph, instead of at its first lowering: on a warm start
         they are 1.5 s of file writes and child processes that need nothing from the capture. Every
         lowering through this cache waits for them (`lower`), and so does the end of the first call
-        (`finish_ahead`). A thread that cannot start leaves them to the first lowering, said in the log."""
+        (`finish_ahead`). Where the probe would build its programs (the cache holds none: a cold start),
+        they stay at the first lowering: compiler runs on every core of a small CPU slowed the capture
+        beside them by as much as they saved. A thread that cannot start leaves them to the first
+        lowering, said in the log."""
         store = self.store()
-        if store is None or self._ahead is not None:
+        if store is None or self._ahead is not None or cpu_probe.builds_programs(store, self.options.mode == "use"):
             return
         try:
             thread = threading.Thread(target=self._ready_ahead, args=(store,), name="kiln-cpu-files", daemon=True)

@@ -106,6 +106,20 @@ def test_the_programs_are_built_once_and_a_later_process_builds_none(tmp_path, m
     assert probe.builds == 4 and probe.done and "loaded its test programs from Kiln's cache" in caplog.text
 
 
+def test_whether_the_probe_would_build_its_programs_here(tmp_path, monkeypatch):
+    """What decides whether the probe may run beside a capture (GraphCache.ready_cpu_files_ahead)."""
+    probe = FakeProbe(monkeypatch)
+    assert cpu_probe.builds_programs(_store(tmp_path))  # not probed, nothing stored
+    cpu_probe.detect_cpu_vector_isa(_store(tmp_path))
+    assert not cpu_probe.builds_programs(_store(tmp_path))  # probed in this process
+    probe.new_process()
+    assert not cpu_probe.builds_programs(_store(tmp_path))  # a later process: the programs are stored
+    assert cpu_probe.builds_programs(_store(tmp_path), use_stored=False)  # refresh: stored ones are not read
+    assert cpu_probe.builds_programs(_store(tmp_path / "other"))
+    monkeypatch.setattr(compat, "cpu_probe_builds_programs", lambda: False)  # Inductor decides without programs
+    assert not cpu_probe.builds_programs(_store(tmp_path / "other"))
+
+
 def _entry_files(tmp_path):
     entry = _store(tmp_path).read(entry_key(cpu_probe.probe_fields()))
     return None if entry is None else sorted(entry.files)

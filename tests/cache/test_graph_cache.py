@@ -385,10 +385,11 @@ class CpuFilesRecorder:
     """Stands in for the CPU probe and the header write-back that GraphCache runs before a CPU lowering:
     records which thread ran each and when, and can take a while or fail."""
 
-    def __init__(self, monkeypatch, seconds=0.0, fails=None):
+    def __init__(self, monkeypatch, seconds=0.0, fails=None, builds=False):
         from kiln.compiler.cache import graph_cache
 
         self.calls, self.seconds, self.fails = [], seconds, fails
+        monkeypatch.setattr(graph_cache.cpu_probe, "builds_programs", lambda store, use_stored=True: builds)
         monkeypatch.setattr(graph_cache.cpu_probe, "detect_cpu_vector_isa", self.probe)
         monkeypatch.setattr(graph_cache.headers, "restore", self.restore)
 
@@ -474,3 +475,13 @@ def test_with_the_cache_off_nothing_runs_ahead(tmp_path, monkeypatch):
     cache.ready_cpu_files_ahead()
     cache.finish_ahead()
     assert recorder.calls == [] and cache._ahead is None
+
+
+def test_where_the_probe_would_build_its_programs_they_stay_at_the_first_lowering(tmp_path, monkeypatch):
+    recorder = CpuFilesRecorder(monkeypatch, builds=True)  # a cold start: no programs stored
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    cache.ready_cpu_files_ahead()
+    assert cache._ahead is None and recorder.calls == []
+    cache.lower(FakeLowering(), dict(FIELDS, device="cpu"))
+    assert [(name, thread) for name, thread, _ in recorder.calls] == [
+        ("probe", "MainThread"), ("probe done", "MainThread"), ("restore", "MainThread")]
