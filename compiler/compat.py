@@ -413,6 +413,18 @@ def cpu_vector_isa_answer() -> str:
     return " ".join(sorted(str(isa).replace(" ", "+") for isa in cpu_vec_isa.valid_vec_isa_list()))
 
 
+def import_cpu_build_modules() -> None:
+    """Import on this thread what Inductor's CPU probe and C++ builds import when first used
+    (`torch._inductor.codecache`, `cpu_vec_isa`, `cpp_builder`, and `torch.utils.cpp_extension` with
+    setuptools, which `cpp_builder` imports inside its functions; checked: torch 2.13 - 2.14), before a
+    thread of Kiln's runs them: two threads importing one cycle of modules at the same time can see each
+    other's half-made modules. About 0.04 s where torch.compile ran before."""
+    import torch._inductor.codecache  # noqa: F401
+    import torch._inductor.cpp_builder  # noqa: F401
+    import torch._inductor.cpu_vec_isa  # noqa: F401
+    import torch.utils.cpp_extension  # noqa: F401
+
+
 def cpu_probe_builds_programs() -> bool:
     """Whether Inductor's probe builds test programs here: an x86 CPU on Linux or Windows, and no
     `cpp.vec_isa_ok` answering for it (elsewhere it decides without building; checked: torch 2.5 - 2.14)."""

@@ -175,9 +175,6 @@ class KilnModel(torch.nn.Module):
             log.warning("Kiln: %s", note)
             self.stats.warnings.append(note)
         cache = GraphCache(self.plan.cache) if self.plan.cache is not None else None
-        if cache is not None and options.lowering.uses_inductor and (input_device or _device_of(module)) == "cpu":
-            cache.ready_cpu_files_ahead()  # beside the first capture (graph_cache's note)
-            self._first_call_cache = cache
         note = self.plan.cache_unused()
         if note:
             log.info("Kiln: %s", note)
@@ -189,13 +186,23 @@ class KilnModel(torch.nn.Module):
         if regions:
             self._regions = RegionalCompile(regions, options, self.stats, cache, label, self._cuda_graphs)
             log.info("Kiln: %s compiles by blocks: %s", label, self.stats.units_line())
+            self._ready_cpu_files_ahead(cache, input_device or _device_of(module))
             return self._regions
         # not the model class's forward, shared by every model of the class (the 9th would run eagerly)
         entry = compat.own_code(_entry, f"kiln_{label.replace('.', '_')}")
         self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=label,
                                     cuda_graph_budget=self._cuda_graphs)
         self._compiled = torch.compile(entry, backend=self._backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
+        self._ready_cpu_files_ahead(cache, input_device or _device_of(module))
         return self._compiled
+
+    def _ready_cpu_files_ahead(self, cache: Optional[GraphCache], device: str) -> None:
+        """On a CPU, with a cache and Inductor: Inductor's CPU files made ready beside the first capture
+        (GraphCache.ready_cpu_files_ahead), waited for at the end of the first call. Started last, once the
+        compile is set up, so that nothing this thread does afterwards but the capture runs beside it."""
+        if cache is not None and self.plan.compile.lowering.uses_inductor and device == "cpu":
+            cache.ready_cpu_files_ahead()
+            self._first_call_cache = cache
 
     def _blocks_to_compile(self, module: torch.nn.Module) -> list:
         """The regions to compile by blocks, or [] to compile the whole model (with the reason logged

@@ -33,8 +33,9 @@ NEEDS_FILE = "kiln-needs.json"           # in an entry: the keys of the entries 
 MAX_NEEDS = 256
 MAX_NEEDS_BYTES = MAX_NEEDS * 40  # a JSON list of that many 32-digit keys, with room to spare
 GRAPH_FOLDERS = ("fxgraph", "aotautograd")  # Inductor's per-graph records: a needed entry's stay with it
-# held while Inductor's CPU files are made ready (cpu_probe, headers), in whichever thread: the probe points
-# Inductor's cache directory (process-wide) at Kiln's folder, so no lowering may run meanwhile
+# held while Inductor's CPU files are made ready (cpu_probe, headers), in whichever thread: one at a time,
+# whichever cache asks (the probe points Inductor's cache directory, process-wide, at Kiln's folder; a
+# lowering through the cache whose thread runs it waits for that thread: GraphCache.lower)
 _cpu_files_lock = threading.Lock()
 
 
@@ -81,14 +82,17 @@ class GraphCache:
         (`finish_ahead`). Where the probe would build its programs (the cache holds none: a cold start),
         they stay at the first lowering: compiler runs on every core of a small CPU slowed the capture
         beside them by as much as they saved. A thread that cannot start leaves them to the first
-        lowering, said in the log."""
-        store = self.store()
-        if store is None or self._ahead is not None or cpu_probe.builds_programs(store, self.options.mode == "use"):
+        lowering, said in the log, as does anything else that fails here: it never stops the compile."""
+        if self._ahead is not None:
             return
         try:
+            store = self.store()
+            if store is None or cpu_probe.builds_programs(store, self.options.mode == "use"):
+                return
+            compat.import_cpu_build_modules()  # on this thread, not beside the capture's own imports
             thread = threading.Thread(target=self._ready_ahead, args=(store,), name="kiln-cpu-files", daemon=True)
             thread.start()
-        except RuntimeError as exc:  # no thread can be started here
+        except Exception as exc:  # noqa: BLE001  ahead of time only (RuntimeError: no thread can be started here)
             log.info("Kiln: Inductor's CPU files are made ready at the first lowering, not beside the capture (%s)",
                      said(exc))
             return

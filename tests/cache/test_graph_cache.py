@@ -417,6 +417,7 @@ def test_the_cpu_files_are_made_ready_in_a_thread_and_a_lowering_waits_for_them(
     recorder = CpuFilesRecorder(monkeypatch, seconds=0.3)
     cache = GraphCache(CacheOptions(dir=str(tmp_path)))
     cache.ready_cpu_files_ahead()
+    assert cache._ahead.is_alive() and not recorder.when("probe done")  # under way while this thread goes on
     lowering = TimedLowering()
     _, _, event = cache.lower(lowering, dict(FIELDS, device="cpu"))
     assert event.outcome == "miss"
@@ -457,13 +458,12 @@ def test_a_thread_that_cannot_start_leaves_them_to_the_first_lowering(tmp_path, 
     def refused(self):
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(threading.Thread, "start", refused)
     cache = GraphCache(CacheOptions(dir=str(tmp_path)))
-    with caplog.at_level(logging.INFO, logger="kiln"):
+    with monkeypatch.context() as scoped, caplog.at_level(logging.INFO, logger="kiln"):
+        scoped.setattr(threading.Thread, "start", refused)
         cache.ready_cpu_files_ahead()
     assert "made ready at the first lowering, not beside the capture (RuntimeError: can't start new thread)" in caplog.text
-    monkeypatch.undo()
-    recorder = CpuFilesRecorder(monkeypatch)
+    assert cache._ahead is None and recorder.calls == []
     cache.lower(FakeLowering(), dict(FIELDS, device="cpu"))
     assert [(name, thread) for name, thread, _ in recorder.calls] == [
         ("probe", "MainThread"), ("probe done", "MainThread"), ("restore", "MainThread")]
@@ -485,3 +485,19 @@ def test_where_the_probe_would_build_its_programs_they_stay_at_the_first_lowerin
     cache.lower(FakeLowering(), dict(FIELDS, device="cpu"))
     assert [(name, thread) for name, thread, _ in recorder.calls] == [
         ("probe", "MainThread"), ("probe done", "MainThread"), ("restore", "MainThread")]
+
+
+def test_anything_failing_before_the_thread_starts_leaves_them_to_the_first_lowering(tmp_path, monkeypatch, caplog):
+    recorder = CpuFilesRecorder(monkeypatch)
+    from kiln.compiler.cache import graph_cache
+
+    def unreadable(store, use_stored=True):
+        raise OSError(errno.EIO, "Input/output error")
+
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    with monkeypatch.context() as scoped, caplog.at_level(logging.INFO, logger="kiln"):
+        scoped.setattr(graph_cache.cpu_probe, "builds_programs", unreadable)
+        cache.ready_cpu_files_ahead()  # never raises: it is ahead of time only
+    assert "made ready at the first lowering, not beside the capture (Input/output error)" in caplog.text
+    _, _, event = cache.lower(FakeLowering(), dict(FIELDS, device="cpu"))
+    assert event.outcome == "miss" and [name for name, _, _ in recorder.calls] == ["probe", "probe done", "restore"]

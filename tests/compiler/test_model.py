@@ -189,6 +189,7 @@ def test_a_cpu_model_with_a_cache_makes_inductors_cpu_files_ready_beside_its_fir
     monkeypatch.setattr(GraphCache, "ready_cpu_files_ahead", lambda self: calls.append("ahead"))
     finish = GraphCache.finish_ahead
     monkeypatch.setattr(GraphCache, "finish_ahead", lambda self: (calls.append("finish"), finish(self)))
+    monkeypatch.setattr(GraphCache, "_ready_cpu_files", lambda self, store: None)  # no real probe or headers here
 
     def lower(self, gm, example_inputs, options, device, cache_tag=""):
         calls.append("lower")
@@ -208,3 +209,21 @@ def test_a_cpu_model_with_a_cache_makes_inductors_cpu_files_ready_beside_its_fir
     on_meta = kiln.compile(Small(), mode="balanced", cache_dir=str(tmp_path))
     on_meta._prepare((torch.empty(3, 32, device="meta"),), {})  # a GPU's latent, as far as the choice goes
     assert "ahead" not in calls
+
+
+def test_a_failure_to_make_the_cpu_files_ready_ahead_never_sends_the_model_to_eager(tmp_path, monkeypatch, caplog):
+    from kiln.compiler.cache import GraphCache, graph_cache
+
+    def broken(store, use_stored=True):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(graph_cache.cpu_probe, "builds_programs", broken)
+    monkeypatch.setattr(GraphCache, "_ready_cpu_files", lambda self, store: None)
+    monkeypatch.setattr(Lowering, "lower", lambda self, gm, example_inputs, options, device, cache_tag="": (gm.forward, "fx"))
+    compiled = kiln.compile(Small(), mode="balanced", cache_dir=str(tmp_path))
+    x = torch.randn(3, 32)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        compiled(x)
+    info = kiln.stats(compiled)
+    assert not info.fallback and info.compile_count == 1
+    assert "made ready at the first lowering, not beside the capture (Input/output error)" in caplog.text
