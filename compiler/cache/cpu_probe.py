@@ -8,8 +8,9 @@ empty Inductor cache directory (after a reboot, a cleaned /tmp, in a fresh conta
 all again: most of a warm start from Kiln's cache. So Kiln runs the probe in a folder of its own,
 keeps the programs as a signed entry, and in a later process writes them back there first: Inductor
 finds them built and only loads each (in a thread beside the first capture where they are stored:
-GraphCache.ready_cpu_files_ahead; `builds_programs` says where they are not). Inductor's own names still decide (they hash the program, the
-flags and the compiler), so after a compiler change it builds afresh and the entry is replaced.
+GraphCache.ready_cpu_files_ahead; `builds_programs` says where they are not). Inductor's own names
+still decide (they hash the program, the flags and the compiler), so after a compiler change it builds
+afresh and the entry is replaced.
 
 A process whose probe ran before it first used Kiln's cache (its first CPU compile was an uncached
 Kiln one, or torch.compile's) has nothing of it in Kiln's folder. The first time it uses a cache that

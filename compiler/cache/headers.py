@@ -8,8 +8,8 @@ folder (compat.inductor_header_dir), whatever TORCHINDUCTOR_CACHE_DIR says, so a
 clears it, or in a new container, every warm start paid those seconds. So Kiln keeps the headers
 built while it ran as one signed entry per cache and, before a process's first CPU lowering with that
 cache (on a warm start beside the first capture: GraphCache.ready_cpu_files_ahead), writes back those
-the folder lacks. Inductor's own names decide which header it uses (they hash
-the header's preprocessed text, the compiler flags and the compiler's version); a written-back file it
+the folder lacks. Inductor's own names decide which header it uses (they hash the header's
+preprocessed text, the compiler flags and the compiler's version); a written-back file it
 does not name is never read. Once a process, Kiln also asks for the header in a thread beside the
 first CPU lowering (lowering.build_cpu_header_ahead), after `restore` where that lowering uses a
 cache (restore never writes over a file): gcc builds it there only where it is still missing.
