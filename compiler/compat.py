@@ -418,7 +418,8 @@ def import_cpu_build_modules() -> None:
     (`torch._inductor.codecache`, `cpu_vec_isa`, `cpp_builder`, and `torch.utils.cpp_extension` with
     setuptools, which `cpp_builder` imports inside its functions; checked: torch 2.13 - 2.14), before a
     thread of Kiln's runs them: two threads importing one cycle of modules at the same time can see each
-    other's half-made modules. About 0.04 s where torch.compile ran before."""
+    other's half-made modules. About 0.04 s where torch.compile ran before, 0.4 s in a fresh process: time
+    the first CPU lowering would spend on them anyway."""
     import torch._inductor.codecache  # noqa: F401
     import torch._inductor.cpp_builder  # noqa: F401
     import torch._inductor.cpu_vec_isa  # noqa: F401

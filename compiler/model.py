@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 
 from . import compat
-from .backend import KilnBackend
+from .backend import KilnBackend, device_type_of
 from .blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
 from .cuda_graph_budget import CudaGraphBudget
@@ -157,12 +157,12 @@ class KilnModel(torch.nn.Module):
         if self.plan.compile is None:
             return None
         try:
-            return self._set_up_compile(_tensor_device(args, kwargs or {}))
+            return self._set_up_compile(device_type_of((*args, *(kwargs or {}).values())))
         except Exception as exc:  # noqa: BLE001  e.g. TorchDynamo cannot load here: the model still runs
             self._fall_back(f"cannot set up the compile ({type(exc).__name__}: {exc})", exc)
             return None
 
-    def _set_up_compile(self, input_device: Optional[str] = None):
+    def _set_up_compile(self, input_device: str = "cpu"):
         problem = unavailable_reason()
         if problem:
             self._fall_back(problem)
@@ -186,14 +186,14 @@ class KilnModel(torch.nn.Module):
         if regions:
             self._regions = RegionalCompile(regions, options, self.stats, cache, label, self._cuda_graphs)
             log.info("Kiln: %s compiles by blocks: %s", label, self.stats.units_line())
-            self._ready_cpu_files_ahead(cache, input_device or _device_of(module))
+            self._ready_cpu_files_ahead(cache, input_device)
             return self._regions
         # not the model class's forward, shared by every model of the class (the 9th would run eagerly)
         entry = compat.own_code(_entry, f"kiln_{label.replace('.', '_')}")
         self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=label,
                                     cuda_graph_budget=self._cuda_graphs)
         self._compiled = torch.compile(entry, backend=self._backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
-        self._ready_cpu_files_ahead(cache, input_device or _device_of(module))
+        self._ready_cpu_files_ahead(cache, input_device)
         return self._compiled
 
     def _ready_cpu_files_ahead(self, cache: Optional[GraphCache], device: str) -> None:
@@ -232,14 +232,6 @@ class KilnModel(torch.nn.Module):
         self.stats.fallback = reason
         log.error("Kiln: %s -- %s runs eagerly from now on", reason, label_of(self.original),
                   exc_info=exc)
-
-
-def _tensor_device(args, kwargs) -> Optional[str]:
-    """The device type of the call's first tensor argument (the latent), or None if it has none."""
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value.device.type
-    return None
 
 
 def _device_of(module: torch.nn.Module) -> str:

@@ -389,13 +389,18 @@ class CpuFilesRecorder:
         from kiln.compiler.cache import graph_cache
 
         self.calls, self.seconds, self.fails = [], seconds, fails
+        self.gate = threading.Event()  # the probe waits for it (at most `seconds`): set it to let the probe end
         monkeypatch.setattr(graph_cache.cpu_probe, "builds_programs", lambda store, use_stored=True: builds)
         monkeypatch.setattr(graph_cache.cpu_probe, "detect_cpu_vector_isa", self.probe)
         monkeypatch.setattr(graph_cache.headers, "restore", self.restore)
+        monkeypatch.setattr(graph_cache.compat, "import_cpu_build_modules", self.imports)
+
+    def imports(self):
+        self.calls.append(("imports", threading.current_thread().name, time.perf_counter()))
 
     def probe(self, store, use_stored=True):
         self.calls.append(("probe", threading.current_thread().name, time.perf_counter()))
-        time.sleep(self.seconds)
+        self.gate.wait(self.seconds)
         if self.fails:
             raise self.fails
         self.calls.append(("probe done", threading.current_thread().name, time.perf_counter()))
@@ -414,19 +419,21 @@ class TimedLowering(FakeLowering):
 
 
 def test_the_cpu_files_are_made_ready_in_a_thread_and_a_lowering_waits_for_them(tmp_path, monkeypatch):
-    recorder = CpuFilesRecorder(monkeypatch, seconds=0.3)
+    recorder = CpuFilesRecorder(monkeypatch, seconds=60)
     cache = GraphCache(CacheOptions(dir=str(tmp_path)))
     cache.ready_cpu_files_ahead()
     assert cache._ahead.is_alive() and not recorder.when("probe done")  # under way while this thread goes on
+    recorder.gate.set()
     lowering = TimedLowering()
     _, _, event = cache.lower(lowering, dict(FIELDS, device="cpu"))
     assert event.outcome == "miss"
-    first = recorder.calls[:3]
-    assert [(name, thread) for name, thread, _ in first] == [
-        ("probe", "kiln-cpu-files"), ("probe done", "kiln-cpu-files"), ("restore", "kiln-cpu-files")]
+    first = recorder.calls[:4]
+    assert [(name, thread) for name, thread, _ in first] == [  # the probe's imports made on the caller's thread first
+        ("imports", "MainThread"), ("probe", "kiln-cpu-files"), ("probe done", "kiln-cpu-files"),
+        ("restore", "kiln-cpu-files")]
     assert lowering.started > first[-1][2]  # the lowering began once they were ready
     assert cache._ahead is None  # waited for
-    assert [(name, thread) for name, thread, _ in recorder.calls[3:]] == [  # then only asked again: once a process
+    assert [(name, thread) for name, thread, _ in recorder.calls[4:]] == [  # then only asked again: once a process
         ("probe", "MainThread"), ("probe done", "MainThread"), ("restore", "MainThread")]
 
 
@@ -437,7 +444,7 @@ def test_a_lowering_on_another_device_waits_for_them_too(tmp_path, monkeypatch):
     lowering = TimedLowering()
     cache.lower(lowering, dict(FIELDS, device="cuda"))
     assert lowering.started > recorder.when("probe done")[0]  # Inductor's cache directory is the probe's meanwhile
-    assert all(thread == "kiln-cpu-files" for _, thread, _ in recorder.calls)  # nothing made ready for a GPU lowering
+    assert all(thread == "kiln-cpu-files" for name, thread, _ in recorder.calls if name != "imports")  # none for a GPU
 
 
 def test_a_failure_beside_the_capture_is_said_and_the_lowering_goes_on(tmp_path, monkeypatch, caplog):
@@ -463,9 +470,9 @@ def test_a_thread_that_cannot_start_leaves_them_to_the_first_lowering(tmp_path, 
         scoped.setattr(threading.Thread, "start", refused)
         cache.ready_cpu_files_ahead()
     assert "made ready at the first lowering, not beside the capture (RuntimeError: can't start new thread)" in caplog.text
-    assert cache._ahead is None and recorder.calls == []
+    assert cache._ahead is None and [name for name, _, _ in recorder.calls] == ["imports"]
     cache.lower(FakeLowering(), dict(FIELDS, device="cpu"))
-    assert [(name, thread) for name, thread, _ in recorder.calls] == [
+    assert [(name, thread) for name, thread, _ in recorder.calls[1:]] == [
         ("probe", "MainThread"), ("probe done", "MainThread"), ("restore", "MainThread")]
 
 
