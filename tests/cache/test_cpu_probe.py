@@ -391,3 +391,40 @@ def test_inductors_own_probe_in_a_later_process_builds_nothing(tmp_path):
         runs.append(tuple(int(n) for n in done.stdout.split()[-2:]))
     (first_builds, sets), (second_builds, sets_again) = runs
     assert first_builds >= 1 and second_builds == 0 and sets == sets_again
+
+
+@pytest.mark.parametrize("hostile", ["tampered", "a link to another file", "larger than the cache"])
+def test_a_hostile_probe_entry_read_beside_the_capture_is_refused_and_the_compile_goes_on(
+        tmp_path, monkeypatch, caplog, hostile):
+    """The thread that makes Inductor's CPU files ready beside the first capture reads the cache's entry
+    as the first lowering did: one that is not Kiln's is refused, said, never written back or followed,
+    never read whole past the cache's size cap, and the probe builds its programs afresh."""
+    from kiln.compiler.cache import headers
+
+    probe = FakeProbe(monkeypatch)
+    monkeypatch.setattr(headers, "restore", lambda store, use_stored=True: None)  # the probe's entry only
+    options = CacheOptions(dir=str(tmp_path / "cache"), max_gb=0.001)
+    cpu_probe.detect_cpu_vector_isa(options.open())
+    path = options.open().path(entry_key(cpu_probe.probe_fields()))
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"the user's own file")
+    if hostile == "tampered":
+        data = open(path, "rb").read()
+        open(path, "wb").write(data.replace(b"program ab/cavx512.so", b"payload ab/cavx512.so"))
+    elif hostile == "a link to another file":
+        os.remove(path)
+        os.symlink(secret, path)
+    else:
+        with open(path, "r+b") as f:
+            f.truncate(options.open().max_bytes + 1)
+    probe.new_process()
+    cache = GraphCache(options)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        cache.ready_cpu_files_ahead()
+        assert cache._ahead is not None  # a file is there: the thread reads it
+        cache.finish_ahead()
+        _, _, event = cache.lower(fake_lowering, dict(FIELDS, device="cpu"))
+    assert "Kiln: refused" in caplog.text and event.outcome == "miss"
+    assert probe.builds == 8  # built afresh: nothing of the hostile entry was written back
+    assert secret.read_bytes() == b"the user's own file" and os.path.isfile(path) and not os.path.islink(path)
+    assert _store(tmp_path / "cache").read(entry_key(cpu_probe.probe_fields())) is not None  # Kiln's own again
