@@ -78,7 +78,8 @@ class GraphCache:
         cache (the CPU probe's test programs, the precompiled headers: `_ready_cpu_files`) in a thread,
         beside TorchDynamo's capture of the first graph, instead of at its first lowering: on a warm start
         they are 1.5 s of file writes and child processes that need nothing from the capture. Every
-        lowering through this cache waits for them (`lower`), and so does the end of the first call
+        lowering through this cache waits for them (`lower`, which first imports Inductor's compile on its
+        own thread: 0.8 s a fresh process spent after the wait), and so does the end of the first call
         (`finish_ahead`). Where the probe would build its programs (the cache holds none: a cold start),
         they stay at the first lowering: compiler runs on every core of a small CPU slowed the capture
         beside them by as much as they saved. A thread that cannot start leaves them to the first
@@ -142,6 +143,8 @@ class GraphCache:
     def lower(self, lower: Callable[[], tuple], fields: dict) -> tuple[Callable, str, CacheEvent]:
         """Run `lower()` (a Lowering.lower call returning (callable, name)) under the cache.
         `fields`: the entry's key fields (cache/key.py entry_fields)."""
+        if self._ahead is not None:  # the lowering's first imports, made here while the CPU files get ready
+            compat.import_inductor_compile()
         self.finish_ahead()  # on any device, with or without the store: no lowering beside the probe
         key = cache_key.entry_key(fields)
         label = fields.get("label", "graph")

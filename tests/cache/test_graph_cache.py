@@ -394,9 +394,17 @@ class CpuFilesRecorder:
         monkeypatch.setattr(graph_cache.cpu_probe, "detect_cpu_vector_isa", self.probe)
         monkeypatch.setattr(graph_cache.headers, "restore", self.restore)
         monkeypatch.setattr(graph_cache.compat, "import_cpu_build_modules", self.imports)
+        self.compile_imports = []  # (thread, whether the probe had ended) for each import of Inductor's compile
+        self.opens_gate = False  # the import of Inductor's compile lets the probe end (after noting that it had not)
+        monkeypatch.setattr(graph_cache.compat, "import_inductor_compile", self.import_compile)
 
     def imports(self):
         self.calls.append(("imports", threading.current_thread().name, time.perf_counter()))
+
+    def import_compile(self):
+        self.compile_imports.append((threading.current_thread().name, bool(self.when("probe done"))))
+        if self.opens_gate:
+            self.gate.set()
 
     def probe(self, store, use_stored=True):
         self.calls.append(("probe", threading.current_thread().name, time.perf_counter()))
@@ -435,6 +443,28 @@ def test_the_cpu_files_are_made_ready_in_a_thread_and_a_lowering_waits_for_them(
     assert cache._ahead is None  # waited for
     assert [(name, thread) for name, thread, _ in recorder.calls[4:]] == [  # then only asked again: once a process
         ("probe", "MainThread"), ("probe done", "MainThread"), ("restore", "MainThread")]
+
+
+def test_the_lowering_imports_inductor_s_compile_while_the_thread_still_works(tmp_path, monkeypatch):
+    recorder = CpuFilesRecorder(monkeypatch, seconds=60)
+    recorder.opens_gate = True  # the probe ends only once the caller has made the lowering's imports
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    cache.ready_cpu_files_ahead()
+    lowering = TimedLowering()
+    _, _, event = cache.lower(lowering, dict(FIELDS, device="cpu"))
+    assert event.outcome == "miss"
+    assert recorder.compile_imports == [("MainThread", False)]  # on the caller's thread, before the probe had ended
+    assert lowering.started > recorder.when("probe done")[0]  # and the lowering still waited for the thread
+    cache.lower(TimedLowering(), dict(FIELDS, device="cpu", graph="again"))
+    assert len(recorder.compile_imports) == 1  # nothing ahead any more: the lowering imports as it always does
+
+
+def test_without_a_thread_ahead_the_lowering_makes_its_imports_itself(tmp_path, monkeypatch):
+    recorder = CpuFilesRecorder(monkeypatch, builds=True)  # a cold start: nothing runs ahead
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    cache.ready_cpu_files_ahead()
+    cache.lower(FakeLowering(), dict(FIELDS, device="cpu"))
+    assert recorder.compile_imports == []
 
 
 def test_a_lowering_on_another_device_waits_for_them_too(tmp_path, monkeypatch):
