@@ -79,7 +79,7 @@ class GraphCache:
         beside TorchDynamo's capture of the first graph, instead of at its first lowering: on a warm start
         they are 1.5 s of file writes and child processes that need nothing from the capture. Every
         lowering through this cache waits for them (`lower`, which first imports Inductor's compile on its
-        own thread: 0.8 s a fresh process spent after the wait), and so does the end of the first call
+        own thread, an import that would otherwise follow the wait), and so does the end of the first call
         (`finish_ahead`). Where the probe would build its programs (the cache holds none: a cold start),
         they stay at the first lowering: compiler runs on every core of a small CPU slowed the capture
         beside them by as much as they saved. A thread that cannot start leaves them to the first
@@ -104,6 +104,17 @@ class GraphCache:
         thread, self._ahead = self._ahead, None
         if thread is not None:
             thread.join()
+
+    def _import_compile_beside_ahead(self) -> None:
+        """Import Inductor's compile on this thread while the CPU files still get ready beside it, rather
+        than after waiting for them (0.8 s in a fresh process; the thread imports nothing by then). Ahead of
+        time only: a failure here is said, and the lowering imports it again after the wait, where a
+        failure stops that lowering as it always did."""
+        try:
+            compat.import_inductor_compile()
+        except Exception as exc:  # noqa: BLE001  ahead of time only
+            log.info("Kiln: Inductor's compile was not imported beside the CPU files (%s); the lowering imports it "
+                     "after them", said(exc))
 
     def _ready_ahead(self, store: CacheStore) -> None:
         try:
@@ -143,8 +154,8 @@ class GraphCache:
     def lower(self, lower: Callable[[], tuple], fields: dict) -> tuple[Callable, str, CacheEvent]:
         """Run `lower()` (a Lowering.lower call returning (callable, name)) under the cache.
         `fields`: the entry's key fields (cache/key.py entry_fields)."""
-        if self._ahead is not None:  # the lowering's first imports, made here while the CPU files get ready
-            compat.import_inductor_compile()
+        if self._ahead is not None:
+            self._import_compile_beside_ahead()
         self.finish_ahead()  # on any device, with or without the store: no lowering beside the probe
         key = cache_key.entry_key(fields)
         label = fields.get("label", "graph")

@@ -396,6 +396,7 @@ class CpuFilesRecorder:
         monkeypatch.setattr(graph_cache.compat, "import_cpu_build_modules", self.imports)
         self.compile_imports = []  # (thread, whether the probe had ended) for each import of Inductor's compile
         self.opens_gate = False  # the import of Inductor's compile lets the probe end (after noting that it had not)
+        self.import_fails = None  # an exception the import of Inductor's compile raises
         monkeypatch.setattr(graph_cache.compat, "import_inductor_compile", self.import_compile)
 
     def imports(self):
@@ -405,6 +406,8 @@ class CpuFilesRecorder:
         self.compile_imports.append((threading.current_thread().name, bool(self.when("probe done"))))
         if self.opens_gate:
             self.gate.set()
+        if self.import_fails:
+            raise self.import_fails
 
     def probe(self, store, use_stored=True):
         self.calls.append(("probe", threading.current_thread().name, time.perf_counter()))
@@ -446,7 +449,7 @@ def test_the_cpu_files_are_made_ready_in_a_thread_and_a_lowering_waits_for_them(
 
 
 def test_the_lowering_imports_inductor_s_compile_while_the_thread_still_works(tmp_path, monkeypatch):
-    recorder = CpuFilesRecorder(monkeypatch, seconds=60)
+    recorder = CpuFilesRecorder(monkeypatch, seconds=5)
     recorder.opens_gate = True  # the probe ends only once the caller has made the lowering's imports
     cache = GraphCache(CacheOptions(dir=str(tmp_path)))
     cache.ready_cpu_files_ahead()
@@ -457,6 +460,21 @@ def test_the_lowering_imports_inductor_s_compile_while_the_thread_still_works(tm
     assert lowering.started > recorder.when("probe done")[0]  # and the lowering still waited for the thread
     cache.lower(TimedLowering(), dict(FIELDS, device="cpu", graph="again"))
     assert len(recorder.compile_imports) == 1  # nothing ahead any more: the lowering imports as it always does
+
+
+def test_an_import_failing_beside_the_thread_is_said_and_the_lowering_goes_on(tmp_path, monkeypatch, caplog):
+    recorder = CpuFilesRecorder(monkeypatch, seconds=5)
+    recorder.opens_gate = True
+    recorder.import_fails = ImportError("cannot import name 'compile_fx' (most likely due to a circular import)")
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    cache.ready_cpu_files_ahead()
+    lowering = TimedLowering()
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        _, _, event = cache.lower(lowering, dict(FIELDS, device="cpu"))
+    assert event.outcome == "miss" and lowering.compiles == 1  # lowered all the same, after the thread
+    assert lowering.started > recorder.when("probe done")[0] and cache._ahead is None
+    assert ("Inductor's compile was not imported beside the CPU files (ImportError: cannot import name "
+            "'compile_fx'") in caplog.text and "the lowering imports it after them" in caplog.text
 
 
 def test_without_a_thread_ahead_the_lowering_makes_its_imports_itself(tmp_path, monkeypatch):
