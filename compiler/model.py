@@ -162,7 +162,7 @@ class KilnModel(torch.nn.Module):
             self._fall_back(f"cannot set up the compile ({type(exc).__name__}: {exc})", exc)
             return None
 
-    def _set_up_compile(self, input_device: str = "cpu"):
+    def _set_up_compile(self, input_device: str):
         problem = unavailable_reason()
         if problem:
             self._fall_back(problem)
