@@ -21,7 +21,7 @@ if __package__:
         from .compiler import (CacheOptions, CompileOptions, KilnModel, KilnPlan, KilnStats,  # noqa: F401
                                KilnUnavailable, LayerPolicy, OptionsError, QuantizeError, QuantizeOptions,
                                QuantReport, StepCacheOptions, compile, load_quantized, quant_report, quantize,
-                               save_quantized, stats, step_cached)
+                               save_quantized, stats, step_cached, wait_lowered)
 
     if "comfy" in _sys.modules:  # loaded by ComfyUI as a custom node pack (ComfyUI imports comfy first)
         from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F811
@@ -33,7 +33,7 @@ if __package__:
         else:
             _log.log(*_plan_wrapper.comfyui_range_note(_plan_wrapper.comfyui_version()))
 
-__all__ = ["compile", "stats", "step_cached", "StepCacheOptions", "quantize", "quant_report", "save_quantized", "load_quantized", "QuantizeError",
+__all__ = ["compile", "stats", "wait_lowered", "step_cached", "StepCacheOptions", "quantize", "quant_report", "save_quantized", "load_quantized", "QuantizeError",
            "QuantReport", "QuantizeOptions", "LayerPolicy", "CompileOptions", "CacheOptions", "KilnModel", "KilnPlan",
            "KilnStats", "KilnUnavailable", "OptionsError", "NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS",
            "__version__"]

@@ -14,7 +14,8 @@ second's what each later image costs; and the image's PSNR against the eager var
 Variants (VARIANTS): eager (no compile node), kiln (Compile UNet as shipped: by blocks, each region
 kept compiled only where it measures faster), kiln-all-regions (every region compiled:
 `measure_regions: false`), kiln-whole (`compile_unit: whole`, the whole-model compile Kiln did before
-compiling by blocks), core (ComfyUI's TorchCompileModel, where the server has it). `--earlier TREE`
+compiling by blocks), kiln-background (`background: true`: the regions lowered beside the sampling,
+which runs eagerly until each region's code is ready), core (ComfyUI's TorchCompileModel, where the server has it). `--earlier TREE`
 adds the kiln variant once more with Kiln from an earlier checkout (e.g. `git worktree add TREE <commit>`),
 so that a change is measured against the Kiln before it in one run.
 """
@@ -57,6 +58,7 @@ VARIANTS: dict[str, Callable[[dict], dict]] = {
     "kiln": _kiln(""),
     "kiln-all-regions": _kiln("measure_regions: false"),
     "kiln-whole": _kiln("compile_unit: whole"),
+    "kiln-background": _kiln("background: true"),
     "core": _core,
 }
 NEEDS = {"core": "TorchCompileModel"}

@@ -1,5 +1,5 @@
 """Kiln's compiler: a TorchDynamo backend with named FX rewrite passes. Knows nothing of ComfyUI."""
-from .api import compile, stats
+from .api import compile, stats, wait_lowered
 from .cache import (CACHE_MODES, CacheEntryError, CacheError, CacheLocationError, CacheOptions, CacheOptionsError,
                     CacheStore, CacheTrustError, cache_problem, default_cache_dir, describe_cache, server_cache_dir)
 from .method import MethodModule, label_of, method_module
@@ -20,7 +20,7 @@ from .first_block_probe import first_block_of, first_block_probed
 from .step_cache import StepCache, StepCacheError, StepCacheOptions, StepCacheReport
 from .step_cached_model import StepCachedModel, step_cached
 
-__all__ = ["compile", "stats", "first_block_of", "first_block_probed", "StepCache", "StepCacheError", "StepCacheOptions",
+__all__ = ["compile", "stats", "wait_lowered", "first_block_of", "first_block_probed", "StepCache", "StepCacheError", "StepCacheOptions",
            "StepCacheReport", "StepCachedModel", "step_cached", "CompileOptions", "OptionsError", "ShapePolicyError", "KilnUnavailable", "KilnStats",
            "GraphCompile", "KilnModel", "MethodModule", "method_module", "label_of", "KilnPlan", "model_for", "unavailable_reason", "kernel_note",
            "build_options", "parse_expert_options", "MODES", "LOWERINGS", "Lowering", "PASS_NAMES",

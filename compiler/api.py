@@ -97,3 +97,15 @@ def stats(compiled: torch.nn.Module) -> KilnStats:
     if isinstance(compiled, KilnModel):
         return compiled.stats
     raise ValueError(f"{type(compiled).__name__} was not returned by kiln.compile")
+
+
+def wait_lowered(compiled: torch.nn.Module, timeout: Optional[float] = None) -> list[str]:
+    """With `background: true` (CompileOptions): wait for the region being lowered in the background
+    now, if any (at most `timeout` seconds), and name the regions still waiting: their blocks run
+    eagerly until then, and each is handed to the lowering thread by its next call once the thread is
+    free ([]: none waits; always [] without background)."""
+    if isinstance(compiled, StepCachedModel):
+        compiled = compiled.module
+    if not isinstance(compiled, KilnModel):
+        raise ValueError(f"{type(compiled).__name__} was not returned by kiln.compile")
+    return compiled.wait_lowered(timeout)

@@ -50,7 +50,7 @@ def _user_input_shapes(gm: torch.fx.GraphModule) -> list[list]:
 
 
 # options that never change how a captured graph is lowered: left out of its cache key
-NOT_LOWERING = ("shapes", "compile_unit", "measure_regions")
+NOT_LOWERING = ("shapes", "compile_unit", "measure_regions", "background")
 
 
 def lowering_options(options: CompileOptions) -> dict:

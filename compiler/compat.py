@@ -162,7 +162,7 @@ def guard_failure_counts() -> dict:
     Cheap enough for every call: nothing is formatted."""
     from torch._dynamo.utils import guard_failures as failures
 
-    return {code: len(reasons) for code, reasons in failures.items()}
+    return {code: len(reasons) for code, reasons in list(failures.items())}  # a copy: another thread may compile
 
 
 def guard_failures_since(counts: dict) -> list[str]:
@@ -642,6 +642,19 @@ def no_fake_dispatch_cache(symbolic_sizes: bool = True):
     if not symbolic_sizes or not hasattr(dynamo_config, "fake_tensor_cache_enabled"):
         return contextlib.nullcontext()
     return ConfigScope(dynamo_config, {"fake_tensor_cache_enabled": False})
+
+
+def settings_per_thread() -> bool:
+    """torch keeps a setting set in one thread (`torch._dynamo.config.x = ...`, a ConfigScope) to that
+    thread and the threads run in a copy of its context: each config entry's value is a ContextVar
+    (`_ConfigEntry.user_override`; checked: torch 2.13, 2.14). Older releases keep one value for the
+    process, which a thread's ConfigScope would change under another thread's capture."""
+    import contextvars
+
+    import torch.fx.experimental._config as fx_config
+
+    entry = getattr(fx_config, "_config", {}).get("use_duck_shape")
+    return isinstance(getattr(entry, "user_override", None), contextvars.ContextVar)
 
 
 class ConfigScope:

@@ -114,6 +114,14 @@ class KilnModel(torch.nn.Module):
         except AttributeError:
             return getattr(self._modules["_orig_mod"], name)  # dtype, config, ...: the model's own
 
+    def wait_lowered(self, timeout: Optional[float] = None) -> list[str]:
+        """Wait for the region lowered in the background now, if any; the regions still waiting
+        (compiler/background.py; kiln.wait_lowered)."""
+        if self._regions is None:
+            return []
+        self._regions.wait_lowered(timeout)
+        return self._regions.waiting_regions()
+
     # ---- the call guard --------------------------------------------------------------------
 
     def forward(self, *args, **kwargs):

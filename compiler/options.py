@@ -50,6 +50,9 @@ class CompileOptions:
     measure_regions: by blocks, time each region's first call compiled and eagerly and keep the
         faster, and leave a block class uncompiled once its first regions gained under 10%
         (compiler/region_choice.py); false compiles every region with something to fuse.
+    background: by blocks, lower each region in a thread of Kiln's while its blocks run eagerly: the
+        first image does not wait for the compile, and each region runs compiled from its first call
+        after its code is ready (compiler/background.py). Not with cuda_graphs or compile_unit whole.
     """
 
     mode: str = "balanced"
@@ -61,6 +64,7 @@ class CompileOptions:
     shapes: ShapePolicy = field(default_factory=ShapePolicy)
     compile_unit: str = "auto"
     measure_regions: bool = True
+    background: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -69,7 +73,7 @@ class CompileOptions:
             raise OptionsError(f"compile_unit={shorten(self.compile_unit)}: use one of {', '.join(COMPILE_UNITS)}")
         if not (self.dynamic is None or isinstance(self.dynamic, bool)):
             raise OptionsError(f"dynamic={shorten(self.dynamic)}: use true, false or null (let TorchDynamo decide)")
-        for key in ("cuda_graphs", "fullgraph", "measure_regions"):
+        for key in ("cuda_graphs", "fullgraph", "measure_regions", "background"):
             if not isinstance(getattr(self, key), bool):
                 raise OptionsError(f"{key}={shorten(getattr(self, key))}: use true or false")
         object.__setattr__(self, "passes", _pass_switches(self.passes))
@@ -91,6 +95,14 @@ class CompileOptions:
             raise OptionsError("shapes.pin and shapes.specialize make static variants of the whole model's graph; with "
                                "compile_unit: blocks there is none (each block's graph serves every size): use "
                                "compile_unit: auto or whole with them, or drop them")
+
+        if self.background and self.compile_unit == "whole":
+            raise OptionsError("background lowers block regions while the others run; with compile_unit: whole there "
+                               "is one graph, which the first call waits for: use compile_unit: auto or blocks, or "
+                               "drop background")
+        if self.background and self.cuda_graphs:
+            raise OptionsError("background and cuda_graphs: CUDA graphs are recorded on the thread that runs the "
+                               "model, not beside it; drop one of them")
 
     @property
     def pins_shapes(self) -> bool:
@@ -124,6 +136,7 @@ class CompileOptions:
             "shapes": self.shapes.as_dict(),
             "compile_unit": self.compile_unit,
             "measure_regions": self.measure_regions,
+            "background": self.background,
         }
 
 

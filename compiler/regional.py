@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Optional
 
 import torch
 
 from . import compat, fusible, region_choice
+from .background import CallerState, LoweringThread
 from .backend import KilnBackend, device_type_of, lowering_options
 from .blocks import Region
 from .cache import GraphCache, choice_fields
@@ -59,7 +61,7 @@ class CompiledRegion:
 
     def __init__(self, region: Region, options: CompileOptions, stats: KilnStats, cache: Optional[GraphCache],
                  label: str, cuda_graph_budget: Optional[CudaGraphBudget], progress: "RegionProgress",
-                 verdicts: region_choice.ClassVerdicts):
+                 verdicts: region_choice.ClassVerdicts, background: Optional["Background"] = None):
         self.region = region
         self.verdicts = verdicts  # what this model's regions measured, per block class
         self.stats = stats
@@ -72,7 +74,16 @@ class CompiledRegion:
         self.code = entry.__code__
         self.backend = KilnBackend(options, stats, code=self.code, cache=cache, label=f"{label} {region.name}",
                                    region=region.name, cuda_graph_budget=cuda_graph_budget)
-        self.backend.progress = progress.for_region(region)
+        # lowered in the background (compiler/background.py): "waiting" to be handed to the model's
+        # lowering thread, "handed" to it, "done" (compiled, or eager by choice or failure); None: in
+        # the foreground, by the call that finds it uncompiled
+        self.background = background
+        self.lowered_in_background: Optional[str] = "waiting" if background is not None else None
+        # lowered in the background: its next call with the lowering thread free measures it
+        # (compiler/region_choice.py), before another region is handed to the thread
+        self.measure_due = False
+        # the lowering thread never calls the model's progress callback (it clears ComfyUI's cancel)
+        self.backend.progress = progress.for_region(region) if background is None else None
         # auto: every size of a tensor the block is given (in a tuple, list or dict too) is marked
         # dynamic before each call (a block's inputs are sized by the batch and the resolution in ways
         # it cannot tell apart from its channels; TorchDynamo keeps the sizes its weights fix static
@@ -94,6 +105,8 @@ class CompiledRegion:
             return compat.call_module_body(block, *args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
         first = self.backend.graphs == 0
+        if self.lowered_in_background not in (None, "done"):
+            return self._eagerly_until_lowered(block, args, kwargs)
         if first and not self.decided and (self._eager_by_stored_choice(args, kwargs)
                                            or self._eager_by_class(args, kwargs)):
             self._say_if_nothing_compiled()
@@ -101,11 +114,58 @@ class CompiledRegion:
         out = self._run_compiled(block, args, kwargs)
         if first and self.backend.kept_idle is not None:
             self._store_idle(args, kwargs)
-        if first and not self.decided and self.backend.graphs == 1 and self.backend.kept_eager is None:
+        measure = first
+        if self.measure_due and not self.background.thread.busy():  # timed beside a lowering, it would mislead
+            measure, self.measure_due = True, False
+        if measure and not self.decided and self.backend.graphs == 1 and self.backend.kept_eager is None:
             self._measure(block, args, kwargs)
         if self.backend.kept_eager is not None:  # decided in this call: the last region compiled may be gone
             self._say_if_nothing_compiled()
         return out
+
+    # ---- lowered in the background (compiler/background.py) ------------------------------------
+
+    def _eagerly_until_lowered(self, block: torch.nn.Module, args: tuple, kwargs: dict):
+        """A call before the region's code is ready: its block runs eagerly, and the region is handed
+        to the model's lowering thread with a copy of these inputs when it waits and the thread is free."""
+        if self.lowered_in_background == "waiting":
+            if not self.decided and (self._eager_by_stored_choice(args, kwargs) or self._eager_by_class(args, kwargs)):
+                self.lowered_in_background = "done"
+                self._say_if_nothing_compiled()
+            elif any(_carries_position(v) and _patches_read_position(v) for v in (*args, *kwargs.values())):
+                log.info("Kiln: %s: region %s is lowered in the foreground, by this call: its blocks call ComfyUI "
+                         "patches (a patch may keep state, and lowering beside the model would call it once more)",
+                         self.label, self.region.name)
+                self.lowered_in_background = None
+                self.backend.progress = self.background.progress.for_region(self.region)
+                return self(block, *args, **kwargs)
+            elif not self.background.measurement_due():  # measured first: the next lowering may follow its class's verdict
+                given_args, given_kwargs = region_choice.fresh_copies(args, kwargs)
+                caller = CallerState()
+                if self.background.thread.try_start(
+                        self.region.name, lambda: self._lower_in_background(block, given_args, given_kwargs, caller)):
+                    self.lowered_in_background = "handed"
+        return compat.call_module_body(block, *args, **kwargs)
+
+    def _lower_in_background(self, block: torch.nn.Module, args: tuple, kwargs: dict, caller: CallerState) -> None:
+        """On the lowering thread: the region's first compiled call, on copies of its first inputs, as
+        the model's call would make it; from the model's next call of the region, its blocks run its code."""
+        start = time.perf_counter()
+        try:
+            with caller.entered():
+                self._run_compiled(block, args, kwargs)
+            if self.backend.kept_idle is not None:
+                self._store_idle(args, kwargs)
+        except Exception as exc:  # noqa: BLE001  the block failed on its copied inputs: it runs eagerly, as it would
+            self._fall_back(f"failed while lowered in the background ({type(exc).__name__}: {str(exc)[:300]})", exc)
+        finally:
+            self.measure_due = (not self.decided and not self.runs_eagerly and self.backend.graphs == 1
+                                and self.options.measure_regions)
+            self.lowered_in_background = "done"
+        how = ("runs eagerly: " + (self.fallback or self.backend.kept_eager)) if self.runs_eagerly \
+            else "its blocks run its code from their next call"
+        log.info("Kiln: %s: region %s lowered in the background in %.1f s (%s); %s", self.label, self.region.name,
+                 time.perf_counter() - start, self.background.done_line(), how)
 
     def _run_compiled(self, block: torch.nn.Module, args: tuple, kwargs: dict):
         """One call of `block` through the region's compiled entry, with everything around it."""
@@ -322,6 +382,38 @@ class RegionProgress:
         return progress
 
 
+class Background:
+    """What the regions of one model lowered in the background share: the model's lowering thread, and
+    the progress a region lowered in the foreground after all reports to."""
+
+    def __init__(self, label: str, progress: RegionProgress):
+        self.thread = LoweringThread(label)
+        self.progress = progress
+        self.regions: list[CompiledRegion] = []
+
+    def measurement_due(self) -> bool:
+        """A region lowered here waits for its next call to be measured against eager."""
+        return any(region.measure_due for region in self.regions)
+
+    def done_line(self) -> str:
+        done = sum(region.lowered_in_background == "done" for region in self.regions)
+        return f"{done} of {len(self.regions)} regions done"
+
+
+def _background_here(label: str, stats: KilnStats) -> bool:
+    """Whether this torch lets a region be lowered beside the model's call: with a torch that keeps
+    its settings process-wide, the thread's capture would see the settings of whatever the model's
+    thread is doing (compat.settings_per_thread). Said when not."""
+    if compat.settings_per_thread():
+        return True
+    note = (f"background: this torch ({torch.__version__}) keeps its compile settings process-wide, not per "
+            "thread, so a lowering beside the model's call could run under the model's settings of the moment; "
+            "the regions are lowered in the foreground, by the calls that find them uncompiled")
+    log.warning("Kiln: %s: %s", label, note)
+    stats.warnings.append(note)
+    return False
+
+
 class RegionalCompile:
     """Every region of one model, compiled lazily, and the routing of its blocks' calls."""
 
@@ -329,8 +421,13 @@ class RegionalCompile:
                  cache: Optional[GraphCache], label: str, cuda_graph_budget: Optional[CudaGraphBudget] = None):
         self.progress = RegionProgress(len(regions))
         verdicts = region_choice.ClassVerdicts()
-        self.regions = [CompiledRegion(region, options, stats, cache, label, cuda_graph_budget, self.progress, verdicts)
+        self.background = Background(label, self.progress) if options.background and _background_here(label, stats) \
+            else None
+        self.regions = [CompiledRegion(region, options, stats, cache, label, cuda_graph_budget, self.progress, verdicts,
+                                       self.background)
                         for region, _ in regions]
+        if self.background is not None:
+            self.background.regions = self.regions
         self._routes = {}
         for compiled, (_, blocks) in zip(self.regions, regions):
             for block in blocks:
@@ -361,6 +458,17 @@ class RegionalCompile:
         with compat.calls_routed(self._routes), compat.no_duck_sizing(), \
                 compat.no_fake_dispatch_cache(self.symbolic_sizes), compat.recompile_limit_at_least(self.budget):
             yield
+
+    def wait_lowered(self, timeout: Optional[float] = None) -> bool:
+        """Wait for the region being lowered in the background now, if any (compiler/background.py);
+        False when `timeout` (seconds) ran out first."""
+        return self.background is None or self.background.thread.wait(timeout)
+
+    def waiting_regions(self) -> list[str]:
+        """The regions whose blocks run eagerly until they are lowered in the background: not handed to
+        the lowering thread yet (their next call hands them in when it is free), or being lowered."""
+        return [region.region.name for region in self.regions
+                if region.lowered_in_background in ("waiting", "handed") and not region.runs_eagerly]
 
 
 def _route(compiled: CompiledRegion, block: torch.nn.Module):

@@ -21,10 +21,12 @@ def test_each_variant_s_prompt_compiles_the_unet_its_way_at_the_asked_size_seed_
         assert out[bench.SAVE]["inputs"]["filename_prefix"] == f"kiln/first_image_{variant}"
     eager = bench.prompt("eager", 3, 192, 7)
     assert bench.COMPILE not in eager and eager[bench.SAMPLER]["inputs"]["model"] == [bench.CHECKPOINT, 0]
-    compiled = {v: bench.prompt(v, 3, 192, 7)[bench.COMPILE] for v in ("kiln", "kiln-all-regions", "kiln-whole", "core")}
+    compiled = {v: bench.prompt(v, 3, 192, 7)[bench.COMPILE] for v in ("kiln", "kiln-all-regions", "kiln-whole", "kiln-background",
+                                                                 "core")}
     assert compiled["kiln"]["class_type"] == "KilnCompileUNet" and compiled["kiln"]["inputs"]["advanced"] == ""
     assert compiled["kiln-all-regions"]["inputs"]["advanced"] == "measure_regions: false"
     assert compiled["kiln-whole"]["inputs"]["advanced"] == "compile_unit: whole"
+    assert compiled["kiln-background"]["inputs"]["advanced"] == "background: true"
     assert all(c["inputs"]["mode"] == "balanced" for v, c in compiled.items() if v != "core")
     assert compiled["core"] == {"class_type": "TorchCompileModel", "inputs": {"model": [bench.CHECKPOINT, 0],
                                                                                "backend": "inductor"}}
@@ -34,7 +36,7 @@ def test_each_variant_s_prompt_compiles_the_unet_its_way_at_the_asked_size_seed_
 def test_the_advanced_texts_are_options_compile_unet_takes():
     from kiln.compiler.options import CompileOptions, parse_expert_options
 
-    for variant in ("kiln-all-regions", "kiln-whole"):
+    for variant in ("kiln-all-regions", "kiln-whole", "kiln-background"):
         text = bench.prompt(variant, 1, 64, 1)[bench.COMPILE]["inputs"]["advanced"]
         CompileOptions(**parse_expert_options(text))
 

@@ -1,0 +1,266 @@
+"""Lowering block regions in the background (compiler/background.py): the blocks run eagerly until
+their region's code is ready, one region is lowered at a time, and nothing differs from a region
+lowered in the foreground once it is."""
+import logging
+import threading
+
+import pytest
+import torch
+
+import kiln
+from kiln.compiler import CompileOptions, Lowering, OptionsError, parse_expert_options, region_choice
+from kiln.compiler.region_choice import RegionTiming, fresh_copies
+from kiln.compiler.regional import CompiledRegion
+from testing_utils import rel_err
+
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm, self.fc = torch.nn.LayerNorm(dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.fc(self.norm(x)))
+
+
+class Net(torch.nn.Module):
+    """Three identical blocks, then two of another width: two regions, Block#1 called first."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.up = torch.nn.Linear(8, 16), torch.nn.Linear(16, 32)
+        self.blocks = torch.nn.ModuleList(Block(16) for _ in range(3))
+        self.wide = torch.nn.ModuleList(Block(32) for _ in range(2))
+
+    def forward(self, image):
+        x = self.embed(image.flatten(2).transpose(1, 2))  # (batch, height x width, 8): tokens follow the resolution
+        for block in self.blocks:
+            x = block(x)
+        x = self.up(x)
+        for block in self.wide:
+            x = block(x)
+        return x
+
+
+def _net():
+    torch.manual_seed(0)
+    return Net().eval()
+
+
+def _compile(module, progress=None, mode="fast", **options):
+    options.setdefault("measure_regions", False)
+    return kiln.compile(module, options=CompileOptions(mode=mode, background=True, **options), progress=progress)
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """Holds each lowering on the background thread until the test lets it go: `gate.open()`."""
+    real, opened, threads = CompiledRegion._lower_in_background, threading.Event(), []
+
+    def held(self, *args):
+        threads.append(threading.current_thread())
+        assert opened.wait(60)
+        return real(self, *args)
+
+    monkeypatch.setattr(CompiledRegion, "_lower_in_background", held)
+    opened.threads = threads
+    yield opened
+    opened.set()
+
+
+def _lowered(compiled) -> list[str]:
+    """Wait for the region being lowered; the regions still waiting."""
+    return kiln.wait_lowered(compiled, timeout=60)
+
+
+def test_blocks_run_eagerly_until_their_region_is_lowered_one_region_at_a_time(gate):
+    module, x = _net(), torch.randn(2, 8, 3, 5)
+    compiled = _compile(module)
+    with torch.inference_mode():
+        assert rel_err(compiled(x), module(x)) < 1e-6
+        info = kiln.stats(compiled)
+        # the first region was handed to the thread; the second found it busy and waits for a later call
+        assert info.compile_count == 0 and kiln.wait_lowered(compiled, timeout=0) == ["Block#1", "Block#2"]
+        assert rel_err(compiled(x), module(x)) < 1e-6
+        gate.set()
+        assert _lowered(compiled) == ["Block#2"] and [c.region for c in info.compiles] == ["Block#1"]
+        assert rel_err(compiled(x), module(x)) < 1e-6  # Block#1 compiled; Block#2 handed in
+        assert _lowered(compiled) == [] and [c.region for c in info.compiles] == ["Block#1", "Block#2"]
+        for shape in ((2, 8, 3, 5), (3, 8, 4, 6)):  # a new batch and resolution compile nothing
+            y = torch.randn(shape)
+            assert rel_err(compiled(y), module(y)) < 1e-6
+    assert gate.threads and all(t is not threading.main_thread() for t in gate.threads)
+    # captured on the thread under the caller's inference mode and thread count: no recompile on the model's
+    assert info.compile_count == 2 and not info.recompiles and info.eager_calls == 0 and info.fallback is None
+
+
+def test_the_progress_callback_is_never_called_from_the_lowering_thread():
+    """ComfyUI's callback reads and clears the user's cancel for the prompt: the thread must not take it."""
+    seen = []
+    compiled = _compile(_net(), progress=lambda what, done, total: seen.append(threading.current_thread()))
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(torch.randn(2, 8, 3, 5))
+            _lowered(compiled)
+    assert kiln.stats(compiled).compile_count == 2 and all(t is threading.main_thread() for t in seen)
+
+
+def test_a_region_lowered_in_the_background_is_measured_by_its_next_call(monkeypatch):
+    answers = [(0.5, 1.0), (2.0, 1.0)]  # Block#1 faster compiled, Block#2 slower
+    measured_on = []
+
+    def fake(compiled_call, eager_call, args, kwargs, device, rounds=region_choice.ROUNDS):
+        measured_on.append(threading.current_thread())
+        compiled_call(*fresh_copies(args, kwargs))
+        eager_call(*fresh_copies(args, kwargs))
+        return RegionTiming(*answers.pop(0))
+
+    monkeypatch.setattr(region_choice, "time_both", fake)
+    module, x = _net(), torch.randn(2, 8, 3, 5)
+    compiled = _compile(module, measure_regions=True)
+    with torch.no_grad():
+        for _ in range(4):
+            assert rel_err(compiled(x), module(x)) < 1e-6
+            _lowered(compiled)
+    info = kiln.stats(compiled)
+    assert set(info.region_timings) == {"Block#1", "Block#2"} and measured_on == [threading.main_thread()] * 2
+    assert list(info.regions_eager) == ["Block#2"] and "measured no faster compiled" in info.regions_eager["Block#2"]
+
+
+def test_a_region_whose_lowering_fails_in_the_background_runs_eagerly_and_says_why(monkeypatch, caplog):
+    real = Lowering.lower
+
+    def lower(self, gm, example_inputs, *args, **kwargs):
+        if any(isinstance(a, torch.Tensor) and a.dim() and a.shape[-1] == 32 for a in example_inputs):
+            raise RuntimeError("lowering exploded")
+        return real(self, gm, example_inputs, *args, **kwargs)
+
+    monkeypatch.setattr(Lowering, "lower", lower)
+    caplog.set_level(logging.INFO, "kiln")
+    module, x = _net(), torch.randn(2, 8, 3, 5)
+    compiled = _compile(module)
+    with torch.no_grad():
+        for _ in range(3):
+            assert rel_err(compiled(x), module(x)) < 1e-6
+            _lowered(compiled)
+        assert rel_err(compiled(x), module(x)) < 1e-6
+    info = kiln.stats(compiled)
+    assert [c.region for c in info.compiles] == ["Block#1"] and info.fallback is None
+    assert list(info.region_fallbacks) == ["Block#2"] and "lowering exploded" in info.region_fallbacks["Block#2"]
+    assert "region Block#2 lowered in the background" in caplog.text and "runs eagerly: compile failed" in caplog.text
+
+
+def test_the_block_s_own_error_on_the_thread_sends_the_region_to_eager_and_the_model_still_answers(monkeypatch):
+    module, x = _net(), torch.randn(2, 8, 3, 5)
+    compiled = _compile(module)
+    real = CompiledRegion._run_compiled
+
+    def failing(self, block, args, kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            raise MemoryError("out of memory on the copies")
+        return real(self, block, args, kwargs)
+
+    monkeypatch.setattr(CompiledRegion, "_run_compiled", failing)
+    with torch.no_grad():
+        for _ in range(3):
+            assert rel_err(compiled(x), module(x)) < 1e-6
+            _lowered(compiled)
+    info = kiln.stats(compiled)
+    assert "failed while lowered in the background (MemoryError: out of memory" in info.region_fallbacks["Block#1"]
+
+
+def test_background_is_an_option_of_compiling_by_blocks_without_cuda_graphs():
+    assert CompileOptions(background=True).as_dict()["background"] is True
+    assert parse_expert_options("background: true") == {"background": True}
+    with pytest.raises(OptionsError, match="compile_unit: whole"):
+        CompileOptions(background=True, compile_unit="whole")
+    with pytest.raises(OptionsError, match="background and cuda_graphs"):
+        CompileOptions(background=True, cuda_graphs=True)
+    with pytest.raises(OptionsError, match="background=1: use true or false"):
+        CompileOptions(background=1)
+
+
+def test_without_background_nothing_waits():
+    compiled = kiln.compile(_net(), options=CompileOptions(mode="fast", measure_regions=False))
+    with torch.no_grad():
+        compiled(torch.randn(2, 8, 3, 5))
+    assert kiln.wait_lowered(compiled) == [] and kiln.stats(compiled).compile_count == 2
+
+
+def test_the_thread_lowers_under_the_settings_of_the_model_s_call_and_leaves_the_caller_s_as_they_were(monkeypatch):
+    import torch._dynamo.config as dynamo_config
+    import torch.fx.experimental._config as fx_config
+
+    from kiln.compiler import compat
+
+    real, seen = Lowering.lower, []
+
+    def lower(self, *args, **kwargs):
+        seen.append((threading.current_thread() is threading.main_thread(), fx_config.use_duck_shape,
+                     dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit()))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Lowering, "lower", lower)
+    before = (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit())
+    compiled = _compile(_net(), mode="balanced")
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(torch.randn(2, 8, 3, 5))
+            _lowered(compiled)
+    budget = 2 * 5 + 4  # the model's: two per block, and four
+    assert seen == [(False, False, False, max(before[2], budget))] * 2
+    assert (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit()) == before
+
+
+def test_a_torch_that_keeps_its_settings_process_wide_lowers_in_the_foreground_and_says_so(monkeypatch, caplog):
+    from kiln.compiler import compat
+
+    monkeypatch.setattr(compat, "settings_per_thread", lambda: False)
+    module, x = _net(), torch.randn(2, 8, 3, 5)
+    compiled = _compile(module)
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-6
+    info = kiln.stats(compiled)
+    assert info.compile_count == 2 and kiln.wait_lowered(compiled, timeout=0) == []
+    assert "regions are lowered in the foreground" in caplog.text and any("process-wide" in w for w in info.warnings)
+
+
+def test_this_torch_keeps_its_settings_per_thread():
+    """The torch Kiln is tested with: a setting made in one thread is not seen by another."""
+    from kiln.compiler import compat
+
+    assert compat.settings_per_thread()
+
+
+class PatchedBlock(Block):
+    """Calls ComfyUI's attention patch, as ComfyUI's transformer blocks do, with its position."""
+
+    def forward(self, x, transformer_options=None):
+        for patch in transformer_options.get("patches", {}).get("attn1_patch", []):
+            x = patch(x, transformer_options["block"])
+        return super().forward(x)
+
+
+class PatchedNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(PatchedBlock(16) for _ in range(3))
+
+    def forward(self, x, transformer_options):
+        for index, block in enumerate(self.blocks):
+            x = block(x, transformer_options={**transformer_options, "block": ("input", index)})
+        return x
+
+
+def test_a_region_whose_blocks_call_comfyui_patches_is_lowered_in_the_foreground_by_its_call(caplog):
+    caplog.set_level(logging.INFO, "kiln")
+    torch.manual_seed(0)
+    module, x = PatchedNet().eval(), torch.randn(2, 4, 16)
+    options = {"patches": {"attn1_patch": [lambda h, where: h * (1.0 + where[1])]}}
+    compiled = _compile(module)
+    with torch.no_grad():
+        assert rel_err(compiled(x, options), module(x, options)) < 1e-6
+    info = kiln.stats(compiled)
+    assert info.compile_count >= 1 and [c.region for c in info.compiles][0] == "PatchedBlock#1"
+    assert kiln.wait_lowered(compiled, timeout=0) == [] and "is lowered in the foreground, by this call" in caplog.text
