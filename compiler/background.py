@@ -24,15 +24,18 @@ What stays in the foreground, said in the log: a region whose blocks call ComfyU
 may keep state, and the thread would call it once more), and a region compiled again for a new shape
 or dtype once its first code is ready (that call waits, as it would without the thread).
 
-The cost: the lowering takes the cores and the interpreter's lock the eager model runs on. On a
-2-core CPU the steps taken while a region lowers ran several times slower than eager, and the
-lowering itself took longer than in the foreground (docs/compile-units.md has the numbers).
+The thread runs at a lower CPU priority than the model's (NICENESS, on Linux), as do the compiler
+runs it starts: on a 2-core CPU at the same priority the steps taken while a region lowered ran
+several times slower than eager; at nice 10 they ran near eager's time, and the regions were lowered
+within a minute of eight-step prompts ten seconds apart (docs/compile-units.md has the numbers).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import logging
+import os
+import sys
 import threading
 from typing import Callable, Optional
 
@@ -57,6 +60,19 @@ class CallerState:
         cuda = torch.cuda.device(self.cuda_device) if self.cuda_device is not None else contextlib.nullcontext()
         with cuda, torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
             yield
+
+
+# the lowering thread's CPU priority, as a nice value: below the model's thread (0), not starved
+NICENESS = 10
+
+
+def lower_priority() -> None:
+    """The calling thread, and the compiler processes and threads it starts from now on, at NICENESS
+    (Linux keeps a nice value per thread, and a child inherits its creator's). Elsewhere a nice value
+    is the whole process's: left as it is. An unprivileged thread cannot take it back, so only a
+    thread of Kiln's own calls this."""
+    if sys.platform.startswith("linux"):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICENESS)
 
 
 class LoweringThread:
@@ -97,6 +113,7 @@ class LoweringThread:
 
     def _run(self, job: Callable[[], None]) -> None:
         try:
+            lower_priority()
             job()
         except BaseException:  # noqa: BLE001  a job says its own failures; this is the last word
             log.exception("Kiln: %s: lowering %s in the background failed", self.label, self.lowering)

@@ -129,17 +129,20 @@ class CompiledRegion:
         """A call before the region's code is ready: its block runs eagerly, and the region is handed
         to the model's lowering thread with a copy of these inputs when it waits and the thread is free."""
         if self.lowered_in_background == "waiting":
-            if not self.decided and (self._eager_by_stored_choice(args, kwargs) or self._eager_by_class(args, kwargs)):
-                self.lowered_in_background = "done"
-                self._say_if_nothing_compiled()
-            elif any(_carries_position(v) and _patches_read_position(v) for v in (*args, *kwargs.values())):
+            if any(_carries_position(v) and _patches_read_position(v) for v in (*args, *kwargs.values())):
                 log.info("Kiln: %s: region %s is lowered in the foreground, by this call: its blocks call ComfyUI "
                          "patches (a patch may keep state, and lowering beside the model would call it once more)",
                          self.label, self.region.name)
                 self.lowered_in_background = None
                 self.backend.progress = self.background.progress.for_region(self.region)
                 return self(block, *args, **kwargs)
-            elif not self.background.measurement_due():  # measured first: the next lowering may follow its class's verdict
+            # a region of its class lowered here is measured first: this one may follow the class's verdict
+            if self.background.thread.busy() or self.background.measurement_due(self.region.block_class):
+                pass
+            elif not self.decided and (self._eager_by_stored_choice(args, kwargs) or self._eager_by_class(args, kwargs)):
+                self.lowered_in_background = "done"
+                self._say_if_nothing_compiled()
+            else:
                 given_args, given_kwargs = region_choice.fresh_copies(args, kwargs)
                 caller = CallerState()
                 if self.background.thread.try_start(
@@ -391,9 +394,9 @@ class Background:
         self.progress = progress
         self.regions: list[CompiledRegion] = []
 
-    def measurement_due(self) -> bool:
-        """A region lowered here waits for its next call to be measured against eager."""
-        return any(region.measure_due for region in self.regions)
+    def measurement_due(self, block_class: str) -> bool:
+        """A region of `block_class` lowered here waits for its next call to be measured against eager."""
+        return any(region.measure_due and region.region.block_class == block_class for region in self.regions)
 
     def done_line(self) -> str:
         done = sum(region.lowered_in_background == "done" for region in self.regions)

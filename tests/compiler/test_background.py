@@ -2,6 +2,8 @@
 their region's code is ready, one region is lowered at a time, and nothing differs from a region
 lowered in the foreground once it is."""
 import logging
+import os
+import sys
 import threading
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 import kiln
 from kiln.compiler import CompileOptions, Lowering, OptionsError, parse_expert_options, region_choice
+from kiln.compiler.background import NICENESS, LoweringThread
 from kiln.compiler.region_choice import RegionTiming, fresh_copies
 from kiln.compiler.regional import CompiledRegion
 from testing_utils import rel_err
@@ -226,13 +229,6 @@ def test_a_torch_that_keeps_its_settings_process_wide_lowers_in_the_foreground_a
     assert "regions are lowered in the foreground" in caplog.text and any("process-wide" in w for w in info.warnings)
 
 
-def test_this_torch_keeps_its_settings_per_thread():
-    """The torch Kiln is tested with: a setting made in one thread is not seen by another."""
-    from kiln.compiler import compat
-
-    assert compat.settings_per_thread()
-
-
 class PatchedBlock(Block):
     """Calls ComfyUI's attention patch, as ComfyUI's transformer blocks do, with its position."""
 
@@ -264,3 +260,24 @@ def test_a_region_whose_blocks_call_comfyui_patches_is_lowered_in_the_foreground
     info = kiln.stats(compiled)
     assert info.compile_count >= 1 and [c.region for c in info.compiles][0] == "PatchedBlock#1"
     assert kiln.wait_lowered(compiled, timeout=0) == [] and "is lowered in the foreground, by this call" in caplog.text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread is Linux's")
+def test_the_lowering_runs_at_a_lower_priority_than_the_model_s_thread():
+    seen = {}
+
+    def job():
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    thread = LoweringThread("test")
+    assert thread.try_start("job", job) and thread.wait(60)
+    assert seen["nice"] == max(NICENESS, os.getpriority(os.PRIO_PROCESS, 0))
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_one_region_at_a_time_a_busy_thread_takes_no_second_job():
+    release, thread = threading.Event(), LoweringThread("test")
+    assert thread.try_start("first", lambda: release.wait(60))
+    assert thread.busy() and not thread.try_start("second", lambda: None) and not thread.wait(0.01)
+    release.set()
+    assert thread.wait(60) and not thread.busy() and thread.lowering == ""

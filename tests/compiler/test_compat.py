@@ -102,3 +102,18 @@ def test_a_copied_graph_still_tells_aotautograd_which_inputs_are_weights():
         return _try_get_metadata_from_dynamo(gm, {}.keys(), inputs, [None] * inputs)[1]
 
     assert weights_of(original) and weights_of(compat.copy_graph_module(original)) == weights_of(original)
+
+
+def test_this_torch_keeps_its_settings_per_thread_and_a_thread_started_in_a_copied_context_sees_them():
+    """What lowering in the background rests on (compiler/background.py), in the torch Kiln is tested with."""
+    import contextvars
+    import threading
+
+    assert compat.settings_per_thread()
+    seen = {}
+    with compat.no_duck_sizing():
+        context = contextvars.copy_context()
+        plain = threading.Thread(target=lambda: seen.setdefault("plain", fx_config.use_duck_shape))
+        copied = threading.Thread(target=context.run, args=(lambda: seen.setdefault("copied", fx_config.use_duck_shape),))
+        plain.start(), copied.start(), plain.join(), copied.join()
+    assert seen == {"plain": True, "copied": False} and fx_config.use_duck_shape is True
