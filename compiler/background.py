@@ -11,14 +11,15 @@ The model meanwhile goes on eagerly, and from its first call after the region's 
 region runs compiled.
 
 One thread per model lowers one region at a time (TorchDynamo compiles one frame at a time anyway:
-its compile lock). A region is handed to it by its own call while the thread is free, so that only
-one region's copied inputs are held at once; a region that finds the thread busy runs eagerly and
-asks again at its next call. A region lowered here is measured against eager
-(compiler/region_choice.py) by its first call while the thread is free, and no other region is
-handed in before that: a timing taken beside a lowering would mislead, and the class's verdict must
-come before its next region is lowered. The thread never calls the model's progress callback:
-ComfyUI's callback reads, and clears, the user's cancel for the prompt, which belongs to the model's
-thread. Each region lowered is logged, and `kiln.wait_lowered(model)` waits for the one under way.
+its compile lock), in the order their first calls handed them in, and goes on while the model is idle
+(between ComfyUI's prompts). The inputs wait in host memory (HeldInputs), at most MAX_HELD_BYTES of
+them; a region past that runs eagerly and hands its inputs in at a later call. A region lowered here
+is measured against eager (compiler/region_choice.py) by its first call while the thread is idle, and
+the other regions of its class wait for that: a timing taken beside a lowering would share the cores
+with it, and the class's verdict decides whether they are lowered at all. The thread never calls the
+model's progress callback: ComfyUI's callback reads, and clears, the user's cancel for the prompt,
+which belongs to the model's thread. Each region lowered is logged, and `kiln.wait_lowered(model)`
+waits for the thread.
 
 What stays in the foreground, said in the log: a region whose blocks call ComfyUI patches (a patch
 may keep state, and the thread would call it once more), and a region compiled again for a new shape
@@ -75,47 +76,125 @@ def lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICENESS)
 
 
+MAX_HELD_BYTES = 2 << 30  # the copied inputs held for regions waiting to be lowered, in host memory
+
+
+class HeldInputs:
+    """A region's first inputs, copied into host memory (a GPU's memory is the model's) until the
+    thread lowers the region on them: tensors inside tuples, lists and dicts too (a block's rotary
+    (cos, sin) tuple, ComfyUI's transformer_options), each given back on its own device and as an
+    inference tensor or not, as it came (TorchDynamo guards on both); everything else as it is."""
+
+    DEPTH = 3
+
+    def __init__(self, args: tuple, kwargs: dict):
+        self.nbytes = 0
+        self._args, self._kwargs = self._hold(args, self.DEPTH), self._hold(kwargs, self.DEPTH)
+
+    def _hold(self, value, depth: int):
+        if isinstance(value, torch.Tensor):
+            self.nbytes += value.numel() * value.element_size()
+            return _Held(value)
+        if depth and isinstance(value, dict):
+            return {key: self._hold(item, depth - 1) for key, item in value.items()}
+        if depth and isinstance(value, (tuple, list)):
+            return type(value)(self._hold(item, depth - 1) for item in value)
+        return value
+
+    def given(self) -> tuple[tuple, dict]:
+        """The inputs again, on their devices: once, on the lowering thread."""
+        return _give(self._args, self.DEPTH), _give(self._kwargs, self.DEPTH)
+
+
+class _Held:
+    __slots__ = ("copy", "device", "inference")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.device, self.inference = tensor.device, tensor.is_inference()
+        self.copy = tensor.detach().to("cpu", copy=True)  # its strides kept (dense tensors: contiguous_inputs)
+
+    def given(self) -> torch.Tensor:
+        with torch.inference_mode(self.inference):
+            return self.copy.to(self.device, copy=True)
+
+
+def _give(value, depth: int):
+    if isinstance(value, _Held):
+        return value.given()
+    if depth and isinstance(value, dict):
+        return {key: _give(item, depth - 1) for key, item in value.items()}
+    if depth and isinstance(value, (tuple, list)):
+        return type(value)(_give(item, depth - 1) for item in value)
+    return value
+
+
 class LoweringThread:
-    """A model's thread for lowering regions: one region at a time, handed in by the region's own call
-    while the thread is free (so that one region's copied inputs are held at a time); a region handed
-    none runs eagerly and asks again at its next call."""
+    """A model's lowering jobs, run one at a time on a thread of their own, each once it is ready
+    (`ready()`, asked under the thread's lock): the thread starts when a job is handed in or `wake()`
+    finds one ready, runs in a copy of the context of the call that started it, and ends when no job
+    left is ready."""
 
     def __init__(self, label: str):
         self.label = label
-        self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
-        self.lowering = ""  # the region it lowers now ('' when free)
+        self._lock = threading.Condition()
+        self._jobs: list[tuple[str, Callable[[], None], Callable[[], bool], int]] = []
+        self._running = False
+        self._held = 0      # bytes of inputs held by the jobs queued or under way
+        self.lowering = ""  # the job under way ('' when none)
 
-    def try_start(self, what: str, job: Callable[[], None]) -> bool:
-        """Start `job` (which says its own failures) on a new thread, unless one is still running."""
+    def submit(self, what: str, job: Callable[[], None], ready: Callable[[], bool], nbytes: int = 0) -> bool:
+        """Queue `job` (which says its own failures), unless the inputs held for the jobs queued or under
+        way would pass MAX_HELD_BYTES with its `nbytes` (a job alone is always taken); start the thread
+        if a job is ready."""
         with self._lock:
-            if self.busy():
+            if self._held and self._held + nbytes > MAX_HELD_BYTES:
                 return False
-            self.lowering = what
-            # in a copy of the caller's context: torch's settings as the model's call has them (compat.settings_per_thread)
-            context = contextvars.copy_context()
-            self._thread = threading.Thread(target=context.run, args=(self._run, job), name=f"kiln-lowering {self.label} {what}",
-                                            daemon=True)
-            self._thread.start()
-            return True
+            self._held += nbytes
+            self._jobs.append((what, job, ready, nbytes))
+            self._start_if_ready()
+        return True
+
+    def wake(self) -> None:
+        """Start the thread if a job queued has become ready."""
+        with self._lock:
+            self._start_if_ready()
 
     def busy(self) -> bool:
-        """A region is being lowered."""
-        thread = self._thread
-        return thread is not None and thread.is_alive()
+        """A job is under way, or about to be."""
+        return self._running
+
+    def queued(self) -> list[str]:
+        with self._lock:
+            return [job[0] for job in self._jobs]
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        """Wait for the region being lowered now, if any; False when `timeout` (seconds) ran out first."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-        return thread is None or not thread.is_alive()
+        """Wait until the thread has run every job that is ready; False when `timeout` (seconds) ran out first."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._running, timeout)
 
-    def _run(self, job: Callable[[], None]) -> None:
-        try:
-            lower_priority()
-            job()
-        except BaseException:  # noqa: BLE001  a job says its own failures; this is the last word
-            log.exception("Kiln: %s: lowering %s in the background failed", self.label, self.lowering)
-        finally:
-            self.lowering = ""
+    def _start_if_ready(self) -> None:
+        if self._running or not any(ready() for _, _, ready, _ in self._jobs):
+            return
+        self._running = True
+        # in a copy of the caller's context: torch's settings as the model's call has them (compat.settings_per_thread)
+        context = contextvars.copy_context()
+        threading.Thread(target=context.run, args=(self._run,), name=f"kiln-lowering {self.label}", daemon=True).start()
+
+    def _run(self) -> None:
+        lower_priority()
+        while True:
+            with self._lock:
+                job = next((job for job in self._jobs if job[2]()), None)
+                if job is None:
+                    self._running, self.lowering = False, ""
+                    self._lock.notify_all()
+                    return
+                self._jobs.remove(job)
+                self.lowering = job[0]
+            try:
+                job[1]()
+            except BaseException:  # noqa: BLE001  a job says its own failures; this is the last word
+                log.exception("Kiln: %s: lowering %s in the background failed", self.label, self.lowering)
+            finally:
+                with self._lock:
+                    self._held -= job[3]

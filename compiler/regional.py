@@ -43,7 +43,7 @@ from typing import Optional
 import torch
 
 from . import compat, fusible, region_choice
-from .background import CallerState, LoweringThread
+from .background import CallerState, HeldInputs, LoweringThread
 from .backend import KilnBackend, device_type_of, lowering_options
 from .blocks import Region
 from .cache import GraphCache, choice_fields
@@ -119,6 +119,8 @@ class CompiledRegion:
             measure, self.measure_due = True, False
         if measure and not self.decided and self.backend.graphs == 1 and self.backend.kept_eager is None:
             self._measure(block, args, kwargs)
+        if measure and self.background is not None:
+            self.background.thread.wake()  # the regions of its class that waited for the verdict
         if self.backend.kept_eager is not None:  # decided in this call: the last region compiled may be gone
             self._say_if_nothing_compiled()
         return out
@@ -126,8 +128,9 @@ class CompiledRegion:
     # ---- lowered in the background (compiler/background.py) ------------------------------------
 
     def _eagerly_until_lowered(self, block: torch.nn.Module, args: tuple, kwargs: dict):
-        """A call before the region's code is ready: its block runs eagerly, and the region is handed
-        to the model's lowering thread with a copy of these inputs when it waits and the thread is free."""
+        """A call before the region's code is ready: its block runs eagerly, and on the region's first
+        call a copy of its inputs is handed to the model's lowering thread (or on a later one, while
+        the inputs held for other regions fill MAX_HELD_BYTES)."""
         if self.lowered_in_background == "waiting":
             if any(_carries_position(v) and _patches_read_position(v) for v in (*args, *kwargs.values())):
                 log.info("Kiln: %s: region %s is lowered in the foreground, by this call: its blocks call ComfyUI "
@@ -136,26 +139,25 @@ class CompiledRegion:
                 self.lowered_in_background = None
                 self.backend.progress = self.background.progress.for_region(self.region)
                 return self(block, *args, **kwargs)
-            # a region of its class lowered here is measured first: this one may follow the class's verdict
-            if self.background.thread.busy() or self.background.measurement_due(self.region.block_class):
-                pass
-            elif not self.decided and (self._eager_by_stored_choice(args, kwargs) or self._eager_by_class(args, kwargs)):
-                self.lowered_in_background = "done"
-                self._say_if_nothing_compiled()
-            else:
-                given_args, given_kwargs = region_choice.fresh_copies(args, kwargs)
-                caller = CallerState()
-                if self.background.thread.try_start(
-                        self.region.name, lambda: self._lower_in_background(block, given_args, given_kwargs, caller)):
-                    self.lowered_in_background = "handed"
+            held, caller = HeldInputs(args, kwargs), CallerState()
+            # a region of its class lowered before is measured first: this one may follow the class's verdict
+            if self.background.thread.submit(self.region.name, lambda: self._lower_in_background(block, held, caller),
+                                             lambda: not self.background.measurement_due(self.region.block_class),
+                                             held.nbytes):
+                self.lowered_in_background = "handed"
         return compat.call_module_body(block, *args, **kwargs)
 
-    def _lower_in_background(self, block: torch.nn.Module, args: tuple, kwargs: dict, caller: CallerState) -> None:
-        """On the lowering thread: the region's first compiled call, on copies of its first inputs, as
-        the model's call would make it; from the model's next call of the region, its blocks run its code."""
+    def _lower_in_background(self, block: torch.nn.Module, held: HeldInputs, caller: CallerState) -> None:
+        """On the lowering thread: unless the cache or the region's class says eager, the region's first
+        compiled call, on its first inputs, as the model's call would make it; from the model's next call
+        of the region, its blocks run its code."""
         start = time.perf_counter()
         try:
             with caller.entered():
+                args, kwargs = held.given()
+                if not self.decided and (self._eager_by_stored_choice(args, kwargs) or self._eager_by_class(args, kwargs)):
+                    self._say_if_nothing_compiled()
+                    return
                 self._run_compiled(block, args, kwargs)
             if self.backend.kept_idle is not None:
                 self._store_idle(args, kwargs)
@@ -468,8 +470,9 @@ class RegionalCompile:
         return self.background is None or self.background.thread.wait(timeout)
 
     def waiting_regions(self) -> list[str]:
-        """The regions whose blocks run eagerly until they are lowered in the background: not handed to
-        the lowering thread yet (their next call hands them in when it is free), or being lowered."""
+        """The regions whose blocks run eagerly until they are lowered in the background: queued on the
+        lowering thread, being lowered, or not yet handed in (not called yet, or their inputs held back
+        by MAX_HELD_BYTES)."""
         return [region.region.name for region in self.regions
                 if region.lowered_in_background in ("waiting", "handed") and not region.runs_eagerly]
 

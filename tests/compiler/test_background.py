@@ -83,19 +83,48 @@ def test_blocks_run_eagerly_until_their_region_is_lowered_one_region_at_a_time(g
     with torch.inference_mode():
         assert rel_err(compiled(x), module(x)) < 1e-6
         info = kiln.stats(compiled)
-        # the first region was handed to the thread; the second found it busy and waits for a later call
+        # both regions handed in; the thread holds the first, the second is queued behind it
         assert info.compile_count == 0 and kiln.wait_lowered(compiled, timeout=0) == ["Block#1", "Block#2"]
-        assert rel_err(compiled(x), module(x)) < 1e-6
+        assert rel_err(compiled(x), module(x)) < 1e-6 and info.compile_count == 0
         gate.set()
-        assert _lowered(compiled) == ["Block#2"] and [c.region for c in info.compiles] == ["Block#1"]
-        assert rel_err(compiled(x), module(x)) < 1e-6  # Block#1 compiled; Block#2 handed in
         assert _lowered(compiled) == [] and [c.region for c in info.compiles] == ["Block#1", "Block#2"]
+        assert rel_err(compiled(x), module(x)) < 1e-6
         for shape in ((2, 8, 3, 5), (3, 8, 4, 6)):  # a new batch and resolution compile nothing
             y = torch.randn(shape)
             assert rel_err(compiled(y), module(y)) < 1e-6
-    assert gate.threads and all(t is not threading.main_thread() for t in gate.threads)
+    assert len(gate.threads) == 2 and all(t is not threading.main_thread() for t in gate.threads)
     # captured on the thread under the caller's inference mode and thread count: no recompile on the model's
     assert info.compile_count == 2 and not info.recompiles and info.eager_calls == 0 and info.fallback is None
+
+
+def test_the_inputs_held_for_waiting_regions_are_bounded_and_a_region_past_the_bound_hands_in_later(monkeypatch, gate):
+    from kiln.compiler import background
+
+    module, x = _net(), torch.randn(2, 8, 3, 5)
+    one_region = 2 * 15 * 16 * 4  # Block#1's input: batch 2, 15 tokens, 16 channels, fp32
+    monkeypatch.setattr(background, "MAX_HELD_BYTES", one_region)
+    compiled = _compile(module)
+    with torch.no_grad():
+        compiled(x)  # Block#1 held (its lowering waits at the gate); Block#2's inputs would pass the bound
+        assert kiln.wait_lowered(compiled, timeout=0) == ["Block#1", "Block#2"]
+        gate.set()
+        assert _lowered(compiled) == ["Block#2"]  # Block#1 done; Block#2 never handed in
+        assert rel_err(compiled(x), module(x)) < 1e-6  # now Block#2 hands in: alone, past the bound too
+        assert _lowered(compiled) == [] and kiln.stats(compiled).compile_count == 2
+
+
+def test_held_inputs_come_back_on_their_device_as_inference_tensors_or_not_and_in_their_containers():
+    from kiln.compiler.background import HeldInputs
+
+    with torch.inference_mode():
+        inference = torch.randn(2, 3)
+    plain = torch.randn(4, 2).t()  # a transpose: its strides kept
+    held = HeldInputs((inference, (plain, 7)), {"options": {"scale": plain, "name": "x"}})
+    assert held.nbytes == 2 * plain.numel() * 4 + inference.numel() * 4
+    (a, (b, seven)), kwargs = held.given()
+    assert a.is_inference() and not b.is_inference() and seven == 7 and kwargs["options"]["name"] == "x"
+    assert torch.equal(a, inference) and torch.equal(b, plain) and b.stride() == plain.stride()
+    assert b.data_ptr() != plain.data_ptr() and kwargs["options"]["scale"].data_ptr() != plain.data_ptr()
 
 
 def test_the_progress_callback_is_never_called_from_the_lowering_thread():
@@ -270,14 +299,28 @@ def test_the_lowering_runs_at_a_lower_priority_than_the_model_s_thread():
         seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     thread = LoweringThread("test")
-    assert thread.try_start("job", job) and thread.wait(60)
+    assert thread.submit("job", job, lambda: True) and thread.wait(60)
     assert seen["nice"] == max(NICENESS, os.getpriority(os.PRIO_PROCESS, 0))
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == os.getpriority(os.PRIO_PROCESS, 0)
 
 
-def test_one_region_at_a_time_a_busy_thread_takes_no_second_job():
-    release, thread = threading.Event(), LoweringThread("test")
-    assert thread.try_start("first", lambda: release.wait(60))
-    assert thread.busy() and not thread.try_start("second", lambda: None) and not thread.wait(0.01)
-    release.set()
-    assert thread.wait(60) and not thread.busy() and thread.lowering == ""
+def test_the_thread_runs_ready_jobs_in_order_and_a_job_that_is_not_ready_waits_for_wake():
+    order, gate, thread = [], {"open": False}, LoweringThread("test")
+    assert thread.submit("a", lambda: order.append("a"), lambda: True)
+    assert thread.submit("b", lambda: order.append("b"), lambda: gate["open"])
+    assert thread.submit("c", lambda: order.append("c"), lambda: True)
+    assert thread.wait(60) and order == ["a", "c"] and thread.queued() == ["b"] and not thread.busy()
+    gate["open"] = True
+    thread.wake()
+    assert thread.wait(60) and order == ["a", "c", "b"] and thread.queued() == []
+
+
+def test_a_failing_job_is_logged_and_the_next_still_runs(caplog):
+    order, thread = [], LoweringThread("test")
+
+    def fail():
+        raise RuntimeError("job exploded")
+
+    thread.submit("bad", fail, lambda: True)
+    thread.submit("good", lambda: order.append("good"), lambda: True)
+    assert thread.wait(60) and order == ["good"] and "lowering bad in the background failed" in caplog.text
