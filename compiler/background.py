@@ -27,8 +27,9 @@ or dtype once its first code is ready (that call waits, as it would without the 
 
 The thread runs at a lower CPU priority than the model's (NICENESS, on Linux), as do the compiler
 runs it starts: on a 2-core CPU at the same priority the steps taken while a region lowered ran
-several times slower than eager; at nice 10 they ran near eager's time, and the regions were lowered
-within a minute of eight-step prompts ten seconds apart (docs/compile-units.md has the numbers).
+several times slower than eager; at nice 10 they ran within about twice eager's time, and the
+regions were decided within a minute of eight-step prompts ten seconds apart (docs/compile-units.md
+has the numbers).
 """
 from __future__ import annotations
 

@@ -154,6 +154,28 @@ def test_compile_unit_whole_in_the_advanced_options_compiles_one_graph():
     assert not info.regions and info.compile_count == 1 and not info.recompiles, info.summary()
 
 
+def test_background_in_the_advanced_options_samples_eagerly_until_the_regions_are_lowered():
+    """`background: true`: the first prompt runs while the regions lower in a thread of Kiln's, each
+    prompt gives eager's image, and once every region is lowered they run compiled, with no recompile."""
+    import kiln
+
+    base = make_tiny_sd15_patcher(seed=7)
+    model, _ = compile_unet(base, mode="fast", advanced="background: true")
+    eager = sample(base)
+    assert rel_err(sample(model), eager) < 1e-4
+    kiln_model = _kiln_model(model)
+    for _ in range(len(kiln_model.stats.regions) + 2):  # a prompt hands in the regions its first calls reach
+        if not kiln.wait_lowered(kiln_model, timeout=120):
+            break
+        assert rel_err(sample(model), eager) < 1e-4
+    info = kiln_model.stats
+    assert kiln.wait_lowered(kiln_model, timeout=0) == [], info.summary()
+    assert info.compile_count >= 1 and not info.recompiles and info.fallback is None and not info.region_fallbacks
+    graphs = info.compile_count
+    assert rel_err(sample(model, size=24), sample(base, size=24)) < 1e-4  # a new size compiles nothing
+    assert info.compile_count == graphs, info.summary()
+
+
 @pytest.mark.slow
 def test_by_default_a_region_stays_compiled_only_where_it_measures_faster():
     """Compile UNet as a user adds it: each region is compiled and kept, or runs eagerly with a kind the
