@@ -43,6 +43,8 @@ from typing import Callable, Optional
 
 import torch
 
+from .shapes import tensors_in
+
 log = logging.getLogger("kiln")
 
 
@@ -87,6 +89,11 @@ class HeldInputs:
     inference tensor or not, as it came (TorchDynamo guards on both); everything else as it is."""
 
     DEPTH = 3
+
+    @classmethod
+    def bytes_of(cls, args: tuple, kwargs: dict) -> int:
+        """What holding these inputs would take, before copying anything."""
+        return sum(t.numel() * t.element_size() for t in tensors_in((args, kwargs), cls.DEPTH + 1))
 
     def __init__(self, args: tuple, kwargs: dict):
         self.nbytes = 0
@@ -148,12 +155,17 @@ class LoweringThread:
         way would pass MAX_HELD_BYTES with its `nbytes` (a job alone is always taken); start the thread
         if a job is ready."""
         with self._lock:
-            if self._held and self._held + nbytes > MAX_HELD_BYTES:
+            if self._held and self._held + nbytes > MAX_HELD_BYTES:  # can_hold's rule
                 return False
             self._held += nbytes
             self._jobs.append((what, job, ready, nbytes))
             self._start_if_ready()
         return True
+
+    def can_hold(self, nbytes: int) -> bool:
+        """Inputs of `nbytes` would be taken now (see submit)."""
+        with self._lock:
+            return not self._held or self._held + nbytes <= MAX_HELD_BYTES
 
     def wake(self) -> None:
         """Start the thread if a job queued has become ready."""

@@ -139,12 +139,13 @@ class CompiledRegion:
                 self.lowered_in_background = None
                 self.backend.progress = self.background.progress.for_region(self.region)
                 return self(block, *args, **kwargs)
-            held, caller = HeldInputs(args, kwargs), CallerState()
-            # a region of its class lowered before is measured first: this one may follow the class's verdict
-            if self.background.thread.submit(self.region.name, lambda: self._lower_in_background(block, held, caller),
-                                             lambda: not self.background.measurement_due(self.region.block_class),
-                                             held.nbytes):
-                self.lowered_in_background = "handed"
+            if self.background.thread.can_hold(HeldInputs.bytes_of(args, kwargs)):  # else asked again at a later call
+                held, caller = HeldInputs(args, kwargs), CallerState()
+                # a region of its class lowered before is measured first: this one may follow the class's verdict
+                if self.background.thread.submit(self.region.name, lambda: self._lower_in_background(block, held, caller),
+                                                 lambda: not self.background.measurement_due(self.region.block_class),
+                                                 held.nbytes):
+                    self.lowered_in_background = "handed"
         return compat.call_module_body(block, *args, **kwargs)
 
     def _lower_in_background(self, block: torch.nn.Module, held: HeldInputs, caller: CallerState) -> None:

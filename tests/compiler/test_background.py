@@ -119,8 +119,9 @@ def test_held_inputs_come_back_on_their_device_as_inference_tensors_or_not_and_i
     with torch.inference_mode():
         inference = torch.randn(2, 3)
     plain = torch.randn(4, 2).t()  # a transpose: its strides kept
-    held = HeldInputs((inference, (plain, 7)), {"options": {"scale": plain, "name": "x"}})
-    assert held.nbytes == 2 * plain.numel() * 4 + inference.numel() * 4
+    args, kwargs = (inference, (plain, 7)), {"options": {"scale": plain, "name": "x"}}
+    held = HeldInputs(args, kwargs)
+    assert held.nbytes == HeldInputs.bytes_of(args, kwargs) == 2 * plain.numel() * 4 + inference.numel() * 4
     (a, (b, seven)), kwargs = held.given()
     assert a.is_inference() and not b.is_inference() and seven == 7 and kwargs["options"]["name"] == "x"
     assert torch.equal(a, inference) and torch.equal(b, plain) and b.stride() == plain.stride()
