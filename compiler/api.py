@@ -100,10 +100,10 @@ def stats(compiled: torch.nn.Module) -> KilnStats:
 
 
 def wait_lowered(compiled: torch.nn.Module, timeout: Optional[float] = None) -> list[str]:
-    """With `background: true` (CompileOptions): wait for the region being lowered in the background
-    now, if any (at most `timeout` seconds), and name the regions still waiting: their blocks run
-    eagerly until then, and each is handed to the lowering thread by its next call once the thread is
-    free ([]: none waits; always [] without background)."""
+    """With `background: true` (CompileOptions): wait until the lowering thread has lowered every region
+    it can now (at most `timeout` seconds), and name the regions still waiting, whose blocks run eagerly
+    until then: queued, under way, waiting for a measurement of their class by the model's next call,
+    or not called yet ([]: none waits; always [] without background)."""
     if isinstance(compiled, StepCachedModel):
         compiled = compiled.module
     if not isinstance(compiled, KilnModel):

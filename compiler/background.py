@@ -75,8 +75,13 @@ def lower_priority() -> None:
     (Linux keeps a nice value per thread, and a child inherits its creator's). Elsewhere a nice value
     is the whole process's: left as it is. An unprivileged thread cannot take it back, so only a
     thread of Kiln's own calls this."""
-    if sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux"):
+        return
+    try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICENESS)
+    except OSError as exc:  # a sandbox that refuses it: the lowering still runs, at the model's priority
+        log.warning("Kiln: the background lowering runs at the model's CPU priority: nice %d was refused (%s)",
+                    NICENESS, exc)
 
 
 MAX_HELD_BYTES = 2 << 30  # the copied inputs held for regions waiting to be lowered, in host memory
@@ -194,20 +199,33 @@ class LoweringThread:
         threading.Thread(target=context.run, args=(self._run,), name=f"kiln-lowering {self.label}", daemon=True).start()
 
     def _run(self) -> None:
-        lower_priority()
-        while True:
-            with self._lock:
-                job = next((job for job in self._jobs if job[2]()), None)
-                if job is None:
+        ended = False
+        try:
+            lower_priority()
+            while not ended:
+                ended = self._run_next()
+        finally:
+            if not ended:  # ended by an error of the thread's own: a waiter must not wait for a dead thread
+                with self._lock:
                     self._running, self.lowering = False, ""
                     self._lock.notify_all()
-                    return
-                self._jobs.remove(job)
-                self.lowering = job[0]
-            try:
-                job[1]()
-            except BaseException:  # noqa: BLE001  a job says its own failures; this is the last word
-                log.exception("Kiln: %s: lowering %s in the background failed", self.label, self.lowering)
-            finally:
-                with self._lock:
-                    self._held -= job[3]
+
+    def _run_next(self) -> bool:
+        """Run the first job that is ready; True when none was, and the thread ends (said under the lock
+        that `submit` and `wake` take, so a job handed in meanwhile starts a new thread)."""
+        with self._lock:
+            job = next((job for job in self._jobs if job[2]()), None)
+            if job is None:
+                self._running, self.lowering = False, ""
+                self._lock.notify_all()
+                return True
+            self._jobs.remove(job)
+            self.lowering = job[0]
+        try:
+            job[1]()
+        except BaseException:  # noqa: BLE001  a job says its own failures; this is the last word
+            log.exception("Kiln: %s: lowering %s in the background failed", self.label, self.lowering)
+        finally:
+            with self._lock:
+                self._held -= job[3]
+        return False

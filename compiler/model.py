@@ -115,8 +115,8 @@ class KilnModel(torch.nn.Module):
             return getattr(self._modules["_orig_mod"], name)  # dtype, config, ...: the model's own
 
     def wait_lowered(self, timeout: Optional[float] = None) -> list[str]:
-        """Wait for the region lowered in the background now, if any; the regions still waiting
-        (compiler/background.py; kiln.wait_lowered)."""
+        """Wait for the lowering thread, if any; the regions still waiting (compiler/background.py;
+        kiln.wait_lowered)."""
         if self._regions is None:
             return []
         self._regions.wait_lowered(timeout)
@@ -191,6 +191,10 @@ class KilnModel(torch.nn.Module):
         if options.cuda_graphs:
             self._cuda_graphs = CudaGraphBudget(options.shapes.max_cuda_graphs)
         regions = self._blocks_to_compile(module)
+        if options.background and not regions:
+            note = "background: the model compiles whole (above), as one graph that its first call waits for"
+            log.warning("Kiln: %s %s", label, note)
+            self.stats.warnings.append(note)
         if regions:
             self._regions = RegionalCompile(regions, options, self.stats, cache, label, self._cuda_graphs)
             log.info("Kiln: %s compiles by blocks: %s", label, self.stats.units_line())

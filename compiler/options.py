@@ -95,7 +95,6 @@ class CompileOptions:
             raise OptionsError("shapes.pin and shapes.specialize make static variants of the whole model's graph; with "
                                "compile_unit: blocks there is none (each block's graph serves every size): use "
                                "compile_unit: auto or whole with them, or drop them")
-
         if self.background and self.compile_unit == "whole":
             raise OptionsError("background lowers block regions while the others run; with compile_unit: whole there "
                                "is one graph, which the first call waits for: use compile_unit: auto or blocks, or "

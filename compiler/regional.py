@@ -466,7 +466,7 @@ class RegionalCompile:
             yield
 
     def wait_lowered(self, timeout: Optional[float] = None) -> bool:
-        """Wait for the region being lowered in the background now, if any (compiler/background.py);
+        """Wait until the lowering thread has lowered every region it can now (compiler/background.py);
         False when `timeout` (seconds) ran out first."""
         return self.background is None or self.background.thread.wait(timeout)
 

@@ -325,3 +325,24 @@ def test_a_failing_job_is_logged_and_the_next_still_runs(caplog):
     thread.submit("bad", fail, lambda: True)
     thread.submit("good", lambda: order.append("good"), lambda: True)
     assert thread.wait(60) and order == ["good"] and "lowering bad in the background failed" in caplog.text
+
+
+def test_a_thread_that_fails_outside_a_job_still_lets_its_waiters_go(monkeypatch):
+    from kiln.compiler import background
+
+    def refused():
+        raise RuntimeError("no thread priority here")
+
+    monkeypatch.setattr(background, "lower_priority", refused)
+    thread = LoweringThread("test")
+    thread.submit("job", lambda: None, lambda: True)
+    assert thread.wait(60) and not thread.busy()
+
+
+def test_a_model_that_compiles_whole_under_background_says_the_first_call_waits(caplog):
+    compiled = kiln.compile(torch.nn.Sequential(torch.nn.Linear(4, 4)),
+                            options=CompileOptions(mode="fast", background=True))
+    with torch.no_grad():
+        compiled(torch.randn(2, 4))
+    info = kiln.stats(compiled)
+    assert info.compile_count == 1 and any("background: the model compiles whole" in w for w in info.warnings)
