@@ -204,6 +204,9 @@ class LoweringThread:
             lower_priority()
             while not ended:
                 ended = self._run_next()
+        except BaseException:  # noqa: BLE001  said, not raised into the interpreter's hook of a thread
+            log.exception("Kiln: %s: the background lowering stopped; the regions queued wait for the next call "
+                          "that hands one in", self.label)
         finally:
             if not ended:  # ended by an error of the thread's own: a waiter must not wait for a dead thread
                 with self._lock:

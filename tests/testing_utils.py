@@ -27,3 +27,36 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """Max absolute difference relative to the reference's max magnitude."""
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12)).item()
 
+
+class Block(torch.nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm, self.fc = torch.nn.LayerNorm(dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.fc(self.norm(x)))
+
+
+class TwoRegionNet(torch.nn.Module):
+    """Six identical blocks, then two of another width: two regions, Block#1 called first (the tests of
+    compiling by blocks, tests/compiler/test_regional.py and test_background.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.up, self.out = torch.nn.Linear(8, 16), torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+        self.blocks = torch.nn.ModuleList(Block(16) for _ in range(6))
+        self.wide = torch.nn.ModuleList(Block(32) for _ in range(2))
+
+    def forward(self, image):
+        x = self.embed(image.flatten(2).transpose(1, 2))  # (batch, height x width, 8): tokens follow the resolution
+        for block in self.blocks:
+            x = block(x)
+        x = self.up(x)
+        for block in self.wide:
+            x = block(x)
+        return self.out(x).transpose(1, 2).reshape(image.shape)
+
+
+def two_region_net() -> TwoRegionNet:
+    torch.manual_seed(0)
+    return TwoRegionNet().eval()

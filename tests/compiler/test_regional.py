@@ -8,35 +8,7 @@ import torch.fx.experimental._config as fx_config
 
 import kiln
 from kiln.compiler import CompileOptions, Lowering, OptionsError, compat
-from testing_utils import fake_caches_of, rel_err
-
-
-class Block(torch.nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.norm, self.fc = torch.nn.LayerNorm(dim), torch.nn.Linear(dim, dim)
-
-    def forward(self, x):
-        return x + torch.nn.functional.gelu(self.fc(self.norm(x)))
-
-
-class Net(torch.nn.Module):
-    """Six identical blocks, then two of another width: two regions."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed, self.up, self.out = torch.nn.Linear(8, 16), torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
-        self.blocks = torch.nn.ModuleList(Block(16) for _ in range(6))
-        self.wide = torch.nn.ModuleList(Block(32) for _ in range(2))
-
-    def forward(self, image):
-        x = self.embed(image.flatten(2).transpose(1, 2))  # (batch, height x width, 8): tokens follow the resolution
-        for block in self.blocks:
-            x = block(x)
-        x = self.up(x)
-        for block in self.wide:
-            x = block(x)
-        return self.out(x).transpose(1, 2).reshape(image.shape)
+from testing_utils import Block, fake_caches_of, rel_err, two_region_net
 
 
 class Cancelled(Exception):
@@ -44,8 +16,7 @@ class Cancelled(Exception):
 
 
 def _net():
-    torch.manual_seed(0)
-    return Net().eval()
+    return two_region_net()
 
 
 def _compile(module, mode="fast", progress=None, cache_dir=None, **options):
