@@ -79,8 +79,8 @@ class CompiledRegion:
         # the foreground, by the call that finds it uncompiled
         self.background = background
         self.lowered_in_background: Optional[str] = "waiting" if background is not None else None
-        # lowered in the background: its next call with the lowering thread free measures it
-        # (compiler/region_choice.py), before another region is handed to the thread
+        # lowered in the background: its next call with the lowering thread idle measures it
+        # (compiler/region_choice.py); until then the thread lowers no other region of its class
         self.measure_due = False
         # the lowering thread never calls the model's progress callback (it clears ComfyUI's cancel)
         self.backend.progress = progress.for_region(region) if background is None else None
