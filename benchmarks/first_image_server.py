@@ -15,8 +15,8 @@ Variants (VARIANTS): eager (no compile node), kiln (Compile UNet as shipped: by 
 kept compiled only where it measures faster), kiln-all-regions (every region compiled:
 `measure_regions: false`), kiln-whole (`compile_unit: whole`, the whole-model compile Kiln did before
 compiling by blocks), kiln-background (`background: true`: the regions lowered beside the sampling,
-which runs eagerly until each region's code is ready), core (ComfyUI's TorchCompileModel, where the server has it). `--earlier TREE`
-adds the kiln variant once more with Kiln from an earlier checkout (e.g. `git worktree add TREE <commit>`),
+which runs eagerly until each region's code is ready), core (ComfyUI's TorchCompileModel, where the
+server has it). `--earlier TREE` adds the kiln variant once more with Kiln from an earlier checkout (e.g. `git worktree add TREE <commit>`),
 so that a change is measured against the Kiln before it in one run.
 """
 from __future__ import annotations
