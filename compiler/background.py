@@ -56,7 +56,8 @@ class CallerState:
         self.grad = torch.is_grad_enabled()
         self.inference = torch.is_inference_mode_enabled()
         self.threads = torch.get_num_threads()
-        self.cuda_device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.cuda_device = torch.cuda.current_device() if cuda else None
 
     @contextlib.contextmanager
     def entered(self):
@@ -97,26 +98,16 @@ class HeldInputs:
 
     @classmethod
     def bytes_of(cls, args: tuple, kwargs: dict) -> int:
-        """What holding these inputs would take, before copying anything."""
+        """What holding these inputs takes, counted before anything is copied."""
         return sum(t.numel() * t.element_size() for t in tensors_in((args, kwargs), cls.DEPTH + 1))
 
     def __init__(self, args: tuple, kwargs: dict):
-        self.nbytes = 0
-        self._args, self._kwargs = self._hold(args, self.DEPTH), self._hold(kwargs, self.DEPTH)
-
-    def _hold(self, value, depth: int):
-        if isinstance(value, torch.Tensor):
-            self.nbytes += value.numel() * value.element_size()
-            return _Held(value)
-        if depth and isinstance(value, dict):
-            return {key: self._hold(item, depth - 1) for key, item in value.items()}
-        if depth and isinstance(value, (tuple, list)):
-            return type(value)(self._hold(item, depth - 1) for item in value)
-        return value
+        self.nbytes = self.bytes_of(args, kwargs)
+        self._args, self._kwargs = (_mapped(value, self.DEPTH, torch.Tensor, _Held) for value in (args, kwargs))
 
     def given(self) -> tuple[tuple, dict]:
         """The inputs again, on their devices: once, on the lowering thread."""
-        return _give(self._args, self.DEPTH), _give(self._kwargs, self.DEPTH)
+        return tuple(_mapped(value, self.DEPTH, _Held, _Held.given) for value in (self._args, self._kwargs))
 
 
 class _Held:
@@ -131,13 +122,15 @@ class _Held:
             return self.copy.to(self.device, copy=True)
 
 
-def _give(value, depth: int):
-    if isinstance(value, _Held):
-        return value.given()
+def _mapped(value, depth: int, kind: type, function: Callable):
+    """`value` with each `kind` in it, down to `depth` levels of dicts, tuples and lists, replaced by
+    `function(item)`; the containers rebuilt, everything else as it is."""
+    if isinstance(value, kind):
+        return function(value)
     if depth and isinstance(value, dict):
-        return {key: _give(item, depth - 1) for key, item in value.items()}
+        return {key: _mapped(item, depth - 1, kind, function) for key, item in value.items()}
     if depth and isinstance(value, (tuple, list)):
-        return type(value)(_give(item, depth - 1) for item in value)
+        return type(value)(_mapped(item, depth - 1, kind, function) for item in value)
     return value
 
 
@@ -160,7 +153,7 @@ class LoweringThread:
         way would pass MAX_HELD_BYTES with its `nbytes` (a job alone is always taken); start the thread
         if a job is ready."""
         with self._lock:
-            if self._held and self._held + nbytes > MAX_HELD_BYTES:  # can_hold's rule
+            if not self._fits(nbytes):
                 return False
             self._held += nbytes
             self._jobs.append((what, job, ready, nbytes))
@@ -170,7 +163,10 @@ class LoweringThread:
     def can_hold(self, nbytes: int) -> bool:
         """Inputs of `nbytes` would be taken now (see submit)."""
         with self._lock:
-            return not self._held or self._held + nbytes <= MAX_HELD_BYTES
+            return self._fits(nbytes)
+
+    def _fits(self, nbytes: int) -> bool:
+        return not self._held or self._held + nbytes <= MAX_HELD_BYTES
 
     def wake(self) -> None:
         """Start the thread if a job queued has become ready."""

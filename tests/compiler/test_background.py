@@ -18,8 +18,7 @@ from testing_utils import Block, rel_err, two_region_net
 
 
 
-def _net():
-    return two_region_net()
+_net = two_region_net
 
 
 def _compile(module, progress=None, mode="fast", **options):
@@ -192,7 +191,8 @@ def test_without_background_nothing_waits():
     assert kiln.wait_lowered(compiled) == [] and kiln.stats(compiled).compile_count == 2
 
 
-def test_the_thread_lowers_under_the_settings_of_the_model_s_call_and_leaves_the_caller_s_as_they_were(monkeypatch):
+def test_the_thread_lowers_under_the_settings_a_foreground_lowering_has_and_leaves_the_caller_s_as_they_were(
+        monkeypatch):
     import torch._dynamo.config as dynamo_config
     import torch.fx.experimental._config as fx_config
 
@@ -207,13 +207,17 @@ def test_the_thread_lowers_under_the_settings_of_the_model_s_call_and_leaves_the
 
     monkeypatch.setattr(Lowering, "lower", lower)
     before = (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit())
+    foreground = kiln.compile(_net(), options=CompileOptions(mode="balanced", measure_regions=False))
+    with torch.no_grad():
+        foreground(torch.randn(2, 8, 3, 5))
+    in_foreground, seen[:] = list(seen), []
     compiled = _compile(_net(), mode="balanced")
     with torch.no_grad():
         for _ in range(3):
             compiled(torch.randn(2, 8, 3, 5))
             _lowered(compiled)
-    budget = 2 * 8 + 4  # the model's: two per block, and four
-    assert seen == [(False, False, False, max(before[2], budget))] * 2
+    assert [s[0] for s in in_foreground] == [True, True] and [s[0] for s in seen] == [False, False]
+    assert [s[1:] for s in seen] == [s[1:] for s in in_foreground] and in_foreground[0][1:3] == (False, False)
     assert (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit()) == before
 
 
@@ -311,7 +315,7 @@ def test_a_thread_that_fails_outside_a_job_still_lets_its_waiters_go(monkeypatch
     assert "the background lowering stopped" in caplog.text and "no thread priority here" in caplog.text
 
 
-def test_a_model_that_compiles_whole_under_background_says_the_first_call_waits(caplog):
+def test_a_model_that_compiles_whole_under_background_says_the_first_call_waits():
     compiled = kiln.compile(torch.nn.Sequential(torch.nn.Linear(4, 4)),
                             options=CompileOptions(mode="fast", background=True))
     with torch.no_grad():

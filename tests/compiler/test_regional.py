@@ -15,8 +15,7 @@ class Cancelled(Exception):
     """Stands in for ComfyUI's InterruptProcessingException, raised by its progress callback."""
 
 
-def _net():
-    return two_region_net()
+_net = two_region_net
 
 
 def _compile(module, mode="fast", progress=None, cache_dir=None, **options):
