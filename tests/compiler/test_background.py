@@ -14,7 +14,7 @@ from kiln.compiler import CompileOptions, Lowering, OptionsError, parse_expert_o
 from kiln.compiler.background import NICENESS, LoweringThread
 from kiln.compiler.region_choice import RegionTiming, fresh_copies
 from kiln.compiler.regional import CompiledRegion
-from testing_utils import Block, rel_err, two_region_net
+from testing_utils import Block, fail_lowering_of_width, rel_err, two_region_net
 
 
 
@@ -132,14 +132,7 @@ def test_a_region_lowered_in_the_background_is_measured_by_its_next_call(monkeyp
 
 
 def test_a_region_whose_lowering_fails_in_the_background_runs_eagerly_and_says_why(monkeypatch, caplog):
-    real = Lowering.lower
-
-    def lower(self, gm, example_inputs, *args, **kwargs):
-        if any(isinstance(a, torch.Tensor) and a.dim() and a.shape[-1] == 32 for a in example_inputs):
-            raise RuntimeError("lowering exploded")
-        return real(self, gm, example_inputs, *args, **kwargs)
-
-    monkeypatch.setattr(Lowering, "lower", lower)
+    fail_lowering_of_width(monkeypatch, 32)
     caplog.set_level(logging.INFO, "kiln")
     module, x = _net(), torch.randn(2, 8, 3, 5)
     compiled = _compile(module)

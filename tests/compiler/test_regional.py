@@ -8,7 +8,7 @@ import torch.fx.experimental._config as fx_config
 
 import kiln
 from kiln.compiler import CompileOptions, Lowering, OptionsError, compat
-from testing_utils import Block, fake_caches_of, rel_err, two_region_net
+from testing_utils import Block, fail_lowering_of_width, fake_caches_of, rel_err, two_region_net
 
 
 class Cancelled(Exception):
@@ -208,14 +208,7 @@ def test_symbolic_captures_run_without_the_fake_dispatch_cache_static_ones_with_
 
 
 def test_a_failed_region_runs_its_blocks_eagerly_and_the_others_stay_compiled(monkeypatch, caplog):
-    real = Lowering.lower
-
-    def lower(self, gm, example_inputs, *args, **kwargs):
-        if any(isinstance(a, torch.Tensor) and a.dim() and a.shape[-1] == 32 for a in example_inputs):
-            raise RuntimeError("lowering exploded")
-        return real(self, gm, example_inputs, *args, **kwargs)
-
-    monkeypatch.setattr(Lowering, "lower", lower)
+    fail_lowering_of_width(monkeypatch, 32)
     module, x = _net(), torch.randn(2, 8, 3, 5)
     compiled = _compile(module, mode="fast")
     with torch.no_grad():
