@@ -25,6 +25,10 @@ What stays in the foreground, said in the log: a region whose blocks call ComfyU
 may keep state, and the thread would call it once more), and a region compiled again for a new shape
 or dtype once its first code is ready (that call waits, as it would without the thread).
 
+A process that exits while a region lowers waits for that lowering to end, and drops the lowerings
+still queued (said in the log): the thread is a daemon, and one ended midway inside torch's C++ code
+at the interpreter's exit aborts the process ("terminate called without an active exception").
+
 The thread runs at a lower CPU priority than the model's (NICENESS, on Linux), as do the compiler
 runs it starts: on a 2-core CPU at the same priority the steps taken while a region lowered ran
 several times slower than eager; at nice 10 they ran within about twice eager's time, and the
@@ -33,12 +37,14 @@ has the numbers).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import logging
 import os
 import sys
 import threading
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -134,6 +140,25 @@ def _mapped(value, depth: int, kind: type, function: Callable):
     return value
 
 
+_threads_at_exit: "weakref.WeakSet[LoweringThread]" = weakref.WeakSet()
+_exit_hook_registered = False
+
+
+def _stop_at_exit(thread: "LoweringThread") -> None:
+    """Have `thread` stopped at the interpreter's exit (LoweringThread.stop_at_exit); the hook that does
+    it is registered once a process, when the first thread starts."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_stop_all_at_exit)
+        _exit_hook_registered = True
+    _threads_at_exit.add(thread)
+
+
+def _stop_all_at_exit() -> None:
+    for thread in list(_threads_at_exit):
+        thread.stop_at_exit()
+
+
 class LoweringThread:
     """A model's lowering jobs, run one at a time on a thread of their own, each once it is ready
     (`ready()`, asked under the thread's lock): the thread starts when a job is handed in or `wake()`
@@ -147,6 +172,7 @@ class LoweringThread:
         self._running = False
         self._held = 0      # bytes of inputs held by the jobs queued or under way
         self.lowering = ""  # the job under way ('' when none)
+        self._closed = False  # the process is exiting: no job starts any more (stop_at_exit)
 
     def submit(self, what: str, job: Callable[[], None], ready: Callable[[], bool], nbytes: int = 0) -> bool:
         """Queue `job` (which says its own failures), unless the inputs held for the jobs queued or under
@@ -186,10 +212,25 @@ class LoweringThread:
         with self._lock:
             return self._lock.wait_for(lambda: not self._running, timeout)
 
+    def stop_at_exit(self) -> None:
+        """At the interpreter's exit: drop the jobs queued and wait for the one under way, if any."""
+        with self._lock:
+            self._closed = True
+            dropped = [job[0] for job in self._jobs]
+            self._held -= sum(job[3] for job in self._jobs)
+            self._jobs.clear()
+            if not self._running:
+                return
+            log.warning("Kiln: %s: the process exits once the background lowering of %s ends%s", self.label,
+                        self.lowering or "a region",
+                        f" ({len(dropped)} queued lowering(s) dropped: {', '.join(dropped)})" if dropped else "")
+            self._lock.wait_for(lambda: not self._running)
+
     def _start_if_ready(self) -> None:
-        if self._running or not any(ready() for _, _, ready, _ in self._jobs):
+        if self._closed or self._running or not any(ready() for _, _, ready, _ in self._jobs):
             return
         self._running = True
+        _stop_at_exit(self)
         # in a copy of the caller's context: torch's settings as the model's call has them (compat.settings_per_thread)
         context = contextvars.copy_context()
         threading.Thread(target=context.run, args=(self._run,), name=f"kiln-lowering {self.label}", daemon=True).start()

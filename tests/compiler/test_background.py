@@ -11,6 +11,7 @@ import torch
 
 import kiln
 from kiln.compiler import CompileOptions, Lowering, OptionsError, parse_expert_options, region_choice
+from kiln.compiler import background
 from kiln.compiler.background import NICENESS, LoweringThread
 from kiln.compiler.region_choice import RegionTiming, fresh_copies
 from kiln.compiler.regional import CompiledRegion
@@ -315,3 +316,65 @@ def test_a_model_that_compiles_whole_under_background_says_the_first_call_waits(
         compiled(torch.randn(2, 4))
     info = kiln.stats(compiled)
     assert info.compile_count == 1 and any("background: the model compiles whole" in w for w in info.warnings)
+
+
+def test_after_the_exit_hook_the_queued_jobs_are_dropped_and_none_starts():
+    ran, thread = [], LoweringThread("test")
+    assert thread.submit("waits", lambda: ran.append("waits"), lambda: False, nbytes=10)
+    thread.stop_at_exit()
+    assert thread.queued() == [] and thread.can_hold(2 * background.MAX_HELD_BYTES)  # nothing held any more
+    assert thread.submit("later", lambda: ran.append("later"), lambda: True)
+    assert thread.wait(0) and ran == [] and thread.queued() == ["later"]
+
+
+EXITING = """
+import logging, sys, time
+from pathlib import Path
+from kiln.compiler.background import LoweringThread
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+done = Path(sys.argv[1])
+def lower(name, seconds):
+    def job():
+        time.sleep(seconds)
+        (done / name).write_text("lowered")
+    return job
+thread = LoweringThread("Net")
+thread.submit("Block#1", lower("Block#1", 1.0), lambda: True)
+thread.submit("Wide#1", lower("Wide#1", 0.0), lambda: True)
+while thread.lowering != "Block#1":
+    time.sleep(0.01)
+"""
+
+
+def test_a_process_that_exits_while_a_region_lowers_waits_for_that_lowering_and_drops_the_queued_ones(tmp_path):
+    """A daemon thread ended midway inside torch's C++ code at the interpreter's exit aborts the process
+    ("terminate called without an active exception", seen with `kiln bench --prompts`)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", EXITING, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "Block#1").read_text() == "lowered" and not (tmp_path / "Wide#1").exists()
+    assert ("Kiln: Net: the process exits once the background lowering of Block#1 ends (1 queued lowering(s) "
+            "dropped: Wide#1)") in done.stderr
+
+
+MODEL_EXITING = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import kiln
+from testing_utils import two_region_net
+model = kiln.compile(two_region_net(), options=kiln.CompileOptions(mode="balanced", background=True,
+                                                                   measure_regions=False))
+with torch.inference_mode():
+    model(torch.randn(2, 8, 4, 4))
+"""
+
+
+@pytest.mark.slow
+def test_a_model_lowering_in_the_background_at_the_process_s_exit_does_not_abort_it():
+    import subprocess
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", MODEL_EXITING, tests], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "the process exits once the background lowering of Block#1 ends" in done.stderr
