@@ -141,6 +141,23 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _at_least(low: int):
+    def whole_number(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value}: at least {low}")
+        return value
+
+    return whole_number
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text}: seconds from 0 to 3600")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="sd15")
     parser.add_argument("--size", choices=SIZES, default=None, help="default: 'cpu' on cpu, 'full' on cuda")
@@ -163,6 +180,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-cache", action="store_true", help="instead: the step cache on a trained tiny model (trained "
                         "once into the user's cache, a few CPU minutes): PSNR vs uncached, model evaluations and "
                         "wall-clock per threshold, eager and compiled (needs scikit-learn)")
+    parser.add_argument("--prompts", action="store_true", help="instead: a fresh process's first prompts, seconds each, "
+                        "eager, Kiln and Kiln with background: true (each a fresh process, every cache empty)")
+    parser.add_argument("--prompt-count", type=_at_least(1), default=4, help="with --prompts: prompts per run")
+    parser.add_argument("--prompt-steps", type=_at_least(1), default=8, help="with --prompts: model calls per prompt")
+    parser.add_argument("--idle", type=_seconds, default=5.0, help="with --prompts: seconds of rest between prompts")
     parser.add_argument("--seeds", type=int, default=8, help="with --step-cache: images per setting")
     parser.add_argument("--schemes", default="int8_weight,int8_dynamic,fp8_e4m3", help="with --quant: schemes to run")
     parser.add_argument("--policy", default="", help="with --quant: the layer policy, YAML (e.g. 'min_params: 0')")
@@ -186,6 +208,10 @@ def main(args: argparse.Namespace) -> int:
         from . import cache_bench
 
         return cache_bench.main(args)
+    if args.prompts:
+        from . import prompts_bench
+
+        return prompts_bench.main(args)
     if args.step_cache:
         from . import step_cache_bench
 

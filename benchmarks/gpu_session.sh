@@ -7,19 +7,21 @@
 #   bash benchmarks/gpu_session.sh suite CASE[,CASE] [VARIANT,...]  # the GPU suite, some cases (all variants)
 #   bash benchmarks/gpu_session.sh shapes auto|dynamic|kiln [sdxl|flux]  # kiln bench --shapes at full size, one variant
 #   bash benchmarks/gpu_session.sh cache                 # kiln bench --cache at SDXL size: restart cost, cold vs warm
+#   bash benchmarks/gpu_session.sh prompts [sdxl|flux]   # kiln bench --prompts: the first prompts, regions lowered in the background or not
 #   bash benchmarks/gpu_session.sh host CASE [VARIANT,...]   # where a step's host time goes: launches, syncs, cProfile
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | host CASE [VARIANT,...]"
+usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...]"
 part="${1:-}"
 case "$part ${2:-}" in
-    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|host\ ?*) ;;
+    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|"prompts "|"prompts sdxl"|"prompts flux"|host\ ?*) ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
 if [ "$part" = shapes ]; then  # the model: SDXL unless named
     case "${3:-}" in ""|sdxl|flux) ;; *) echo "$usage" >&2; exit 2 ;; esac
 fi
+if [ "$part" = prompts ] && [ $# -gt 2 ]; then echo "$usage" >&2; exit 2; fi
 if [ "$part" = host ]; then  # a case name (it names the output file): letters, digits and dashes
     [[ "$2" =~ ^[a-z0-9-]+$ ]] || { echo "$usage" >&2; exit 2; }
 fi
@@ -84,6 +86,10 @@ case "$part" in
         variants=(); if [ -n "${3:-}" ]; then variants=(--variants "$3"); fi
         python3 -m kiln.benchmarks.host_profile --case "$2" ${variants[@]+"${variants[@]}"} --out "$out" 2>&1 \
             | grep -v pow_by_natural | tee "$out/host-$2.out" ;;
+    prompts)  # seconds per prompt in fresh processes: eager, Kiln, Kiln with background: true (20 steps, 5 s idle)
+        model="${2:-sdxl}"
+        python3 -m kiln.cli bench --prompts --device cuda --model "$model" --prompt-steps 20 \
+            --json "$out/prompts-$model.json" 2>&1 | tee "$out/prompts-$model.log" ;;
     cache)  # time to first step in fresh processes: Kiln cold, Kiln warm from its cache, torch.compile cold and warm
         python3 -m kiln.cli bench --cache --device cuda --model sdxl --json "$out/cache-sdxl.json" 2>&1 \
             | tee "$out/cache-sdxl.log" ;;

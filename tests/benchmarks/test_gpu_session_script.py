@@ -16,7 +16,8 @@ def test_script_parses():
 @pytest.mark.parametrize("args", [[], ["bogus"], ["suite"], ["shapes", "sideways"], ["shapes", "kiln", "sd99"], ["tests", "extra"],
                                   ["tests", "tests/no_such_test.py"], ["tests", "/etc/passwd"],
                                   ["tests", "tests/../README.md"], ["host"],
-                                  ["host", "../../tmp/x"], ["host", "sd15 512"]])
+                                  ["host", "../../tmp/x"], ["host", "sd15 512"],
+                                  ["prompts", "sd99"], ["prompts", "sdxl", "extra"]])
 def test_wrong_parts_are_refused_with_the_usage(args, tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path)))
     assert done.returncode == 2 and done.stderr.startswith("usage: gpu_session.sh tests")
