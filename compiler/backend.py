@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -19,7 +19,7 @@ from .fusible import IdleRecord, idle_record
 from .lowering import LoweringFailed
 from .options import CompileOptions
 from .passes import PASSES, PassContext, Progress, passes_uuid, run_passes
-from .shape_manager import ShapeDispatcher
+from .shape_manager import CallShape, ShapeDispatcher
 from .stats import GraphCompile, KilnStats
 
 log = logging.getLogger("kiln")
@@ -83,9 +83,12 @@ class KilnBackend:
 
     def __init__(self, options: CompileOptions, stats: KilnStats, code=None, progress: Optional[Progress] = None,
                  cache: Optional[GraphCache] = None, label: str = "model", region: str = "",
-                 cuda_graph_budget: Optional[CudaGraphBudget] = None):
+                 cuda_graph_budget: Optional[CudaGraphBudget] = None,
+                 call_shape: Optional[Callable[[], Optional[CallShape]]] = None):
         self.options = options
         self.region = region      # the block region this backend compiles ("" for the whole model)
+        # a region's: the model call its graph runs in, which the shape policy decides its variants by
+        self.call_shape = call_shape
         self.cache = cache        # Kiln's cache (None: not asked for); lowerings through Inductor go through it
         self.label = label        # the model's class name, shown in cache listings
         self.stats = stats
@@ -221,9 +224,7 @@ class KilnBackend:
         dynamic = _is_dynamic(gm)
         # the shape manager may lower the rewritten graph again for a static signature: keep it as
         # it is now (Inductor rewrites the graph it lowers)
-        # (a region's inputs are a block's, with no latent to pin shapes by: only whole models specialise)
-        specialisable = (dynamic and lowering.can_specialise and self.options.shapes.specialize != "none"
-                         and not self.region)
+        specialisable = dynamic and lowering.can_specialise and self.options.shapes.specialize != "none"
         captured = compat.copy_graph_module(gm) if specialisable else gm
         cache_tag = f"kiln-{passes_uuid()}"
 
@@ -250,9 +251,9 @@ class KilnBackend:
         self._recorded(record)
         log.info("Kiln compiled %s", record.line())
         budget = self._budget(device)
-        if budget is None and (not dynamic or self.region):
-            # a region's graph serves every size its guards admit; the shape manager's records (and
-            # pins) are the whole model's
+        if budget is None and (not dynamic or (self.region and not specialisable)):
+            # a region's graph serves every size its guards admit: the shape manager records and routes
+            # them only where the shape policy specialises some
             return lowered
         # a dynamic graph serves many shape signatures: the shape manager records and routes them
         # (a static one only its own; it goes through the shape manager to count its CUDA graph)
@@ -265,7 +266,8 @@ class KilnBackend:
 
         return ShapeDispatcher(captured, lowered, lower_static if specialisable else None, self.options.shapes,
                                self.stats, record.index, record.capture_seconds + record.seconds, self.report,
-                               compile_pinned=dynamic and self.calls == 0, cuda_graphs=budget)
+                               compile_pinned=dynamic and self.calls == 0 and not self.region, cuda_graphs=budget,
+                               call_shape=self.call_shape if self.region else None)
 
     def may_keep_eager(self, device: str) -> bool:
         """Only a region's graph may stay eager for having nothing to fuse, and only where lowering

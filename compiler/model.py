@@ -147,7 +147,7 @@ class KilnModel(torch.nn.Module):
         if compiled is self._regions:
             if compiled.every_region_eager():
                 return module(*args, **kwargs)
-            with self._regions.routed(self.progress):
+            with self._regions.routed(self.progress, args, kwargs):
                 return module(*args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
         mark_schedule_dynamic(args, kwargs)
@@ -222,12 +222,16 @@ class KilnModel(torch.nn.Module):
         options = self.plan.compile
         if options.compile_unit == "whole":
             return []
-        if options.compile_unit == "auto" and options.pins_shapes:
-            log.info("Kiln: %s compiles whole: its shape policy pins static shapes of the whole model's graph",
-                     label_of(module))
+        if options.compile_unit == "auto" and options.shapes.pin:
+            log.info("Kiln: %s compiles whole: pinned shapes are compiled ahead, with the first compile, as "
+                     "static variants of the whole model's graph (by blocks they would wait for the first call "
+                     "at each; compile_unit: blocks does that)", label_of(module))
             return []
         regions = regions_of(module)
         if options.compile_unit == "blocks" and regions:
+            if options.shapes.pin:
+                log.info("Kiln: %s compiles by blocks: each pinned shape gets static variants of the regions' "
+                         "graphs when the model first runs at it, not ahead", label_of(module))
             return regions
         if has_repeated_blocks(regions):
             return regions

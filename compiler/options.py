@@ -43,8 +43,9 @@ class CompileOptions:
         no programs, paths, caches or hooks). Never changes the global Inductor config.
     shapes: which shapes get a static variant of their own and how many are kept (ShapePolicy;
         a mapping such as {"specialize": "buckets", "pin": ["1024x1024"], "max_variants": 8}).
-        Static variants are made for the whole model's graph: with pins or specialize, auto
-        compiles the whole model.
+        Compiled whole, pinned shapes get theirs ahead, with the first compile, and with pins auto
+        compiles whole; by blocks (auto with specialize alone, or blocks) each region's graph gets
+        static variants for a pinned or bucket shape when the model first runs at it.
     compile_unit: "auto" | "blocks" | "whole" (COMPILE_UNITS, compiler/blocks.py): compile each
         distinct block once and share it between identical blocks, or the whole model as one graph.
     measure_regions: by blocks, time each region's first call compiled and eagerly and keep the
@@ -91,10 +92,6 @@ class CompileOptions:
             raise OptionsError("shapes.pin and shapes.specialize need dynamic auto or true: with dynamic=false TorchDynamo "
                                "specialises every shape itself (each new shape recompiles, with static kernels), so there "
                                "is no dynamic graph to pin shapes ahead of; drop the pins or use dynamic auto")
-        if self.compile_unit == "blocks" and self.pins_shapes:
-            raise OptionsError("shapes.pin and shapes.specialize make static variants of the whole model's graph; with "
-                               "compile_unit: blocks there is none (each block's graph serves every size): use "
-                               "compile_unit: auto or whole with them, or drop them")
         if self.background and self.compile_unit == "whole":
             raise OptionsError("background lowers block regions while the others run; with compile_unit: whole there "
                                "is one graph, which the first call waits for: use compile_unit: auto or blocks, or "
@@ -105,7 +102,7 @@ class CompileOptions:
 
     @property
     def pins_shapes(self) -> bool:
-        """The shape policy asks for static variants (of the whole model's graph)."""
+        """The shape policy asks for static variants (of the whole model's graph, or of each region's)."""
         return self.shapes.specialize != "none" or bool(self.shapes.pin)
 
     @property

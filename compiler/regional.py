@@ -36,6 +36,7 @@ untouched and keeps nothing of the half-done compile.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import time
 from typing import Optional
@@ -50,10 +51,19 @@ from .cache import GraphCache, choice_fields
 from .cuda_graph_budget import CudaGraphBudget
 from .options import CompileOptions
 from .passes import Progress
-from .shapes import contiguous_inputs, tensors_in
+from .shape_manager import CallShape
+from .shapes import contiguous_inputs, model_latent, tensors_in
 from .stats import KilnStats
 
 log = logging.getLogger("kiln")
+
+# the model call the regions' blocks run in, where the shape policy specialises (RegionalCompile.routed);
+# a context variable, so that the lowering thread can set the call of the inputs it lowers on
+_call_shape: contextvars.ContextVar[Optional[CallShape]] = contextvars.ContextVar("kiln_call_shape", default=None)
+
+
+def current_call_shape() -> Optional[CallShape]:
+    return _call_shape.get()
 
 
 class CompiledRegion:
@@ -73,7 +83,8 @@ class CompiledRegion:
         entry = compat.own_code(compat.call_module_body, f"kiln_{label}_{region.name}".replace(".", "_").replace("#", "_"))
         self.code = entry.__code__
         self.backend = KilnBackend(options, stats, code=self.code, cache=cache, label=f"{label} {region.name}",
-                                   region=region.name, cuda_graph_budget=cuda_graph_budget)
+                                   region=region.name, cuda_graph_budget=cuda_graph_budget,
+                                   call_shape=current_call_shape)
         # lowered in the background (compiler/background.py): "waiting" to be handed to the model's
         # lowering thread, "handed" to it, "done" (compiled, or eager by choice or failure); None: in
         # the foreground, by the call that finds it uncompiled
@@ -140,21 +151,23 @@ class CompiledRegion:
                 self.backend.progress = self.background.progress.for_region(self.region)
                 return self(block, *args, **kwargs)
             if self.background.thread.can_hold(HeldInputs.bytes_of(args, kwargs)):  # else asked again at a later call
-                held, caller = HeldInputs(args, kwargs), CallerState()
+                held, caller, shape = HeldInputs(args, kwargs), CallerState(), _call_shape.get()
                 # a region of its class lowered before is measured first: this one may follow the class's verdict
-                if self.background.thread.submit(self.region.name, lambda: self._lower_in_background(block, held, caller),
+                if self.background.thread.submit(self.region.name,
+                                                 lambda: self._lower_in_background(block, held, caller, shape),
                                                  lambda: not self.background.measurement_due(self.region.block_class),
                                                  held.nbytes):
                     self.lowered_in_background = "handed"
         return compat.call_module_body(block, *args, **kwargs)
 
-    def _lower_in_background(self, block: torch.nn.Module, held: HeldInputs, caller: CallerState) -> None:
+    def _lower_in_background(self, block: torch.nn.Module, held: HeldInputs, caller: CallerState,
+                             shape: Optional[CallShape]) -> None:
         """On the lowering thread: unless the cache or the region's class says eager, the region's first
         compiled call, on its first inputs, as the model's call would make it; from the model's next call
         of the region, its blocks run its code."""
         start = time.perf_counter()
         try:
-            with caller.entered():
+            with caller.entered(), _call_shape_set(shape):  # the model call the inputs came from
                 args, kwargs = held.given()
                 if not self.decided and (self._eager_by_stored_choice(args, kwargs) or self._eager_by_class(args, kwargs)):
                     self._say_if_nothing_compiled()
@@ -441,6 +454,8 @@ class RegionalCompile:
         stats.regions = [region for region, _ in regions]
         self._every_region_eager = False
         self.symbolic_sizes = options.symbolic_sizes
+        self.specialises = options.pins_shapes  # pinned or bucket shapes get static variants of each region's graph
+        self._first_batch: Optional[int] = None  # the batch of the model's first call with a latent
         # graphs per code object: every position of the blocks (with attention patches installed), batch 1,
         # a branch or two; counted over all blocks, since where a block's graph breaks TorchDynamo resumes
         # in the model's own code, which every region's blocks share
@@ -456,14 +471,25 @@ class RegionalCompile:
         return self._every_region_eager
 
     @contextlib.contextmanager
-    def routed(self, progress: Optional[Progress]):
-        """A context for one call of the model: its blocks run through their regions, compiled with
-        duck sizing off, no fake-tensor dispatch cache where sizes are symbolic, and a recompile budget
-        sized for the model's blocks."""
+    def routed(self, progress: Optional[Progress], args: tuple = (), kwargs: Optional[dict] = None):
+        """A context for one call of the model (`args`, `kwargs`): its blocks run through their regions,
+        compiled with duck sizing off, no fake-tensor dispatch cache where sizes are symbolic, a
+        recompile budget sized for the model's blocks and, where the shape policy specialises, the
+        call's batch and latent for it to decide by."""
         self.progress.callback = progress
         with compat.calls_routed(self._routes), compat.no_duck_sizing(), \
-                compat.no_fake_dispatch_cache(self.symbolic_sizes), compat.recompile_limit_at_least(self.budget):
+                compat.no_fake_dispatch_cache(self.symbolic_sizes), compat.recompile_limit_at_least(self.budget), \
+                _call_shape_set(self._call_shape_of(args, kwargs or {}) if self.specialises else None):
             yield
+
+    def _call_shape_of(self, args: tuple, kwargs: dict) -> Optional[CallShape]:
+        latent = model_latent(args, kwargs)
+        if latent is None:  # a DiT given packed tokens: no latent to match shapes by, as compiled whole
+            return None
+        batch = latent.shape[0]
+        if self._first_batch is None:
+            self._first_batch = batch
+        return CallShape(batch, (latent.shape[-2], latent.shape[-1]), self._first_batch)
 
     def wait_lowered(self, timeout: Optional[float] = None) -> bool:
         """Wait until the lowering thread has lowered every region it can now (compiler/background.py);
@@ -476,6 +502,15 @@ class RegionalCompile:
         by MAX_HELD_BYTES)."""
         return [region.region.name for region in self.regions
                 if region.lowered_in_background in ("waiting", "handed") and not region.runs_eagerly]
+
+
+@contextlib.contextmanager
+def _call_shape_set(shape: Optional[CallShape]):
+    token = _call_shape.set(shape)
+    try:
+        yield
+    finally:
+        _call_shape.reset(token)
 
 
 def _route(compiled: CompiledRegion, block: torch.nn.Module):

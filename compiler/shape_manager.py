@@ -13,6 +13,11 @@ strides of the graph's activations) and runs the variant for it:
                signatures (pinned shapes, resolution buckets) get one; at most `max_variants` are
                kept, the least recently used evicted.
 
+A block region's graph (compiled by blocks) is dispatched the same way, but its inputs are a block's,
+sized by where the block sits in the model: the policy decides its variants by the model call's
+batch and latent (`CallShape`, given by the regions' routing), and a pinned shape is specialised when
+the model first runs at it, not ahead (what a block is given at a shape not yet sampled is not known).
+
 A static variant never runs a signature other than its own: the dispatcher keys on exact sizes
 and strides, and Inductor's static code asserts them besides. With `cuda_graphs` on, every call
 runs under the model's CudaGraphBudget (compiler/cuda_graph_budget.py), which bounds how many
@@ -45,16 +50,32 @@ class _Entry:
     record: VariantRecord
 
 
+@dataclass(frozen=True)
+class CallShape:
+    """The model call a block region's graph runs in: the batch and latent (height, width) the shape
+    policy decides the region's variants by, and the batch of the model's first call."""
+    batch: int
+    latent: tuple[int, int]
+    first_batch: int
+
+    def describe(self) -> str:
+        height, width = self.latent
+        return f"the model at batch {self.batch}, latent {height}x{width} ({width * LATENT_FACTOR}x{height * LATENT_FACTOR} px)"
+
+
 class ShapeDispatcher:
     """Runs one captured graph for every signature its guards admit; see the module docstring.
 
     `gm` is the captured graph after Kiln's passes, not yet lowered when `lower_static` is given;
     `lower_static(gm, args)` lowers a graph for the concrete `args` (None: never specialise).
+    `call_shape()`: a block region's graph, the model call it runs in (None outside one: nothing is
+    specialised then).
     """
 
     def __init__(self, gm: torch.fx.GraphModule, generic: Callable, lower_static: Optional[Callable],
                  policy: ShapePolicy, stats: KilnStats, graph_index: int, compile_seconds: float, progress=None,
-                 compile_pinned: bool = False, cuda_graphs: Optional[CudaGraphBudget] = None):
+                 compile_pinned: bool = False, cuda_graphs: Optional[CudaGraphBudget] = None,
+                 call_shape: Optional[Callable[[], Optional[CallShape]]] = None):
         self._inputs = activation_indices(gm)
         self._fakes = [compat.fake_value(n) for n in gm.graph.nodes if n.op == "placeholder"]
         tensors = [i for i in self._inputs if isinstance(self._fakes[i], torch.Tensor)]
@@ -74,6 +95,7 @@ class ShapeDispatcher:
         self._entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
         self._first_batch: Optional[int] = None
         self._cuda_graphs = cuda_graphs
+        self._call_shape = call_shape
 
     # ---- signatures --------------------------------------------------------------------------
 
@@ -87,7 +109,16 @@ class ShapeDispatcher:
         return shape[0], (shape[-2], shape[-1])
 
     def describe(self, args) -> str:
-        """'batch 2, latent 64x64 (512x512 px), context 77, float16 cuda'."""
+        """'batch 2, latent 64x64 (512x512 px), context 77, float16 cuda'; a block region's graph:
+        its inputs' shapes and the model call's ('inputs 2x320x32x32 2x1280, float16 cuda, in the
+        model at batch 2, latent 64x64 (512x512 px)')."""
+        if self._call_shape is not None:
+            tensors = [args[i] for i in self._inputs if isinstance(args[i], torch.Tensor)]
+            shape = self._call_shape()
+            parts = ["inputs " + " ".join("x".join(map(str, t.shape)) for t in tensors)]
+            if tensors:
+                parts.append(f"{str(tensors[0].dtype).replace('torch.', '')} {tensors[0].device.type}")
+            return ", ".join(parts) + (f", in {shape.describe()}" if shape is not None else "")
         batch, hw = self._latent_size(args)
         tensors = [args[i] for i in self._inputs if isinstance(args[i], torch.Tensor)]
         parts = []
@@ -129,6 +160,8 @@ class ShapeDispatcher:
             raise
 
     def _new_signature(self, key: tuple, args) -> _Entry:
+        if self._call_shape is not None:
+            return self._new_region_signature(key, args)
         batch, hw = self._latent_size(args)
         if not self._entries:  # the signature TorchDynamo captured the graph at
             self._first_batch = batch
@@ -147,8 +180,27 @@ class ShapeDispatcher:
             return self._specialise(key, args, "resolution bucket" if not self._is_pinned(hw, batch) else "pinned")
         return self._add(key, self._generic, "reused", args, 0.0)
 
-    def _is_pinned(self, hw, batch) -> bool:
-        return any(p.latent == hw and (p.batch or self._first_batch) == batch for p in self.policy.pin)
+    def _new_region_signature(self, key: tuple, args) -> _Entry:
+        """A block region's graph: the first signature runs the lowering it was captured for, every
+        other the same lowering ("reused"), unless it is sampled while the model runs at a pinned or
+        bucket shape: then it gets a static variant (the first signature from the model's next call on)."""
+        first, shape = not self._entries, self._call_shape()
+        wanted = (shape is not None and self._lower_static is not None
+                  and self.policy.wants_specialised(shape.latent, shape.batch, shape.first_batch))
+        why = "pinned" if wanted and self._is_pinned(shape.latent, shape.batch, shape.first_batch) else "resolution bucket"
+        if wanted and not first:
+            return self._specialise(key, args, why)
+        entry = self._add(key, self._generic, "compiled" if first else "reused", args,
+                          self._compile_seconds if first else 0.0)
+        if wanted:
+            if self._progress is not None:
+                self._progress(f"specialising the first shape ({why})", 1, 1)
+            self._specialise(key, args, why)
+        return entry
+
+    def _is_pinned(self, hw, batch, first_batch: Optional[int] = None) -> bool:
+        first_batch = self._first_batch if first_batch is None else first_batch
+        return any(p.latent == hw and (p.batch or first_batch) == batch for p in self.policy.pin)
 
     def _add(self, key, run, how: str, args, seconds: float, note: str = "") -> _Entry:
         record = VariantRecord(graph=self.graph_index, signature=self.describe(args), how=how, seconds=seconds, note=note)

@@ -24,6 +24,8 @@ resolutions deserve static kernels of their own is the shape manager's business
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from . import compat
@@ -111,13 +113,19 @@ def _dense(tensor: torch.Tensor) -> bool:
     return True
 
 
+def model_latent(args, kwargs) -> Optional[torch.Tensor]:
+    """A model call's latent: its first 4-D or 5-D (video) input tensor; None if it has none (a DiT
+    given packed tokens)."""
+    return next((t for v in (*args, *kwargs.values()) for t in tensors_in(v) if t.dim() in (4, 5)), None)
+
+
 def mark_batch_and_resolution_dynamic(args, kwargs) -> None:
     """Before a call of a compiled model: every input tensor whose first dimension is the batch
-    (that of the first tensor argument) gets a dynamic first dimension; the latent (the first 4-D or
-    5-D input) and every other 4-D or 5-D input of its batch or of a batch of 1 (ControlNet residuals,
-    a hint image) a dynamic height and width."""
+    (that of the first tensor argument) gets a dynamic first dimension; the latent (`model_latent`)
+    and every other 4-D or 5-D input of its batch or of a batch of 1 (ControlNet residuals, a hint
+    image) a dynamic height and width."""
     inputs = [t for v in (*args, *kwargs.values()) for t in tensors_in(v)]
-    latent = next((t for t in inputs if t.dim() in (4, 5)), None)
+    latent = model_latent(args, kwargs)
     if latent is not None:
         for tensor in inputs:
             if tensor is latent or (tensor.dim() in (4, 5) and tensor.shape[0] in (latent.shape[0], 1)):

@@ -32,7 +32,9 @@ class KilnCompileUNet:
                 "pin_shapes": ("STRING", {"default": "", "tooltip":
                                "image sizes to compile static kernels for, ahead, with the first compile: WxH in "
                                "pixels, ':B' for the batch the model sees (CFG included), e.g. 1024x1024, 832x1216:2. "
-                               "Other sizes run on the dynamic graph with no compile. Not in mode fast."}),
+                               "Other sizes run on the dynamic graph with no compile. With pins the model compiles "
+                               "whole (advanced 'compile_unit: blocks' keeps blocks, each pinned size compiled when "
+                               "first run). Not in mode fast."}),
                 "advanced": ("STRING", {"multiline": True, "default": "", "tooltip":
                              "expert options as JSON or YAML, e.g. passes: {fuse_geglu: on}, "
                              "shapes: {specialize: buckets, max_variants: 4}, or cache: {dir: kiln-fast, max_gb: 50} "

@@ -378,3 +378,17 @@ def test_a_model_lowering_in_the_background_at_the_process_s_exit_does_not_abort
     done = subprocess.run([sys.executable, "-c", MODEL_EXITING, tests], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "the process exits once the background lowering of Block#1 ends" in done.stderr
+
+
+def test_a_region_lowered_in_the_background_at_a_pinned_shape_gets_its_static_variant_for_that_call_s_shape():
+    """The thread lowers the inputs of an earlier call: the model call they came from (its batch and
+    latent), not whichever call the model makes meanwhile, decides the region's static variant."""
+    module, pinned = _net(), torch.randn(2, 8, 8, 8)  # 64x64 px
+    compiled = _compile(module, mode="balanced", compile_unit="blocks", shapes={"pin": ["64x64"]})
+    with torch.no_grad():
+        compiled(pinned)
+        assert _lowered(compiled) == []
+        assert rel_err(compiled(pinned), module(pinned)) < 1e-5
+    variants = kiln.stats(compiled).variants
+    assert [(v.how, v.note) for v in variants] == [("compiled", ""), ("specialised", "pinned")] * 2
+    assert [v.calls for v in variants if v.how == "specialised"] == [6, 2]  # the second call's six and two blocks

@@ -266,17 +266,61 @@ def test_compile_unit_option():
     assert CompileOptions().compile_unit == "auto"
     with pytest.raises(OptionsError, match="compile_unit='regions': use one of auto, blocks, whole"):
         CompileOptions(compile_unit="regions")
-    with pytest.raises(OptionsError, match="compile_unit: blocks"):
-        CompileOptions(compile_unit="blocks", shapes={"pin": ["512x512"]})
+    assert CompileOptions(compile_unit="blocks", shapes={"pin": ["512x512"]}).pins_shapes  # specialised per region
     options = CompileOptions(shapes={"pin": ["512x512"]})  # auto with pins: the whole model, said in the log
     assert options.pins_shapes and options.compile_unit == "auto"
 
 
-def test_auto_with_pinned_shapes_compiles_whole(caplog):
+def test_auto_with_pinned_shapes_compiles_whole_and_by_blocks_says_they_wait_for_their_first_call(caplog):
     caplog.set_level("INFO", logger="kiln")
     compiled = _compile(_net(), mode="balanced", shapes={"specialize": "pinned", "pin": ["64x64"]})
     compiled._prepare()
-    assert kiln.stats(compiled).regions == [] and "compiles whole: its shape policy pins" in caplog.text
+    assert kiln.stats(compiled).regions == [] and "compiles whole: pinned shapes are compiled ahead" in caplog.text
+    compiled = _compile(_net(), mode="balanced", compile_unit="blocks", shapes={"pin": ["64x64"]})
+    compiled._prepare()
+    assert len(kiln.stats(compiled).regions) == 2
+    assert "each pinned shape gets static variants of the regions' graphs when the model first runs at it" in caplog.text
+
+
+def _variants(compiled) -> list[tuple[str, str, str]]:
+    return [(v.how, v.note, v.signature) for v in kiln.stats(compiled).variants]
+
+
+def test_by_blocks_a_pinned_shape_gets_static_variants_of_each_region_when_the_model_first_runs_at_it():
+    module = _net()
+    compiled = _compile(module, mode="balanced", compile_unit="blocks", shapes={"pin": ["64x64"]})
+    other, pinned = torch.randn(2, 8, 3, 5), torch.randn(2, 8, 8, 8)  # 64x64 px: an 8x8 latent
+    with torch.no_grad():
+        assert rel_err(compiled(other), module(other)) < 1e-5
+        assert [how for how, _, _ in _variants(compiled)] == ["compiled", "compiled"]  # a region graph each
+        assert rel_err(compiled(pinned), module(pinned)) < 1e-5
+        specialised = [v for v in kiln.stats(compiled).variants if v.how == "specialised"]
+        assert [(v.graph, v.note) for v in specialised] == [(0, "pinned"), (1, "pinned")]
+        assert specialised[0].signature == ("inputs 2x64x16, float32 cpu, in the model at batch 2, latent 8x8 "
+                                            "(64x64 px)")
+        assert rel_err(compiled(pinned), module(pinned)) < 1e-5  # the static variants run it now
+        assert [v.calls for v in specialised] == [12, 4]  # six and two blocks a call, twice
+        wider = torch.randn(3, 8, 8, 8)  # another batch at the pinned size: the pin is for the first call's batch
+        assert rel_err(compiled(wider), module(wider)) < 1e-5
+    info = kiln.stats(compiled)
+    assert [v.how for v in info.variants[-2:]] == ["reused", "reused"]
+    assert info.compile_count == 2 and info.eager_calls == 0  # TorchDynamo captured nothing again
+
+
+def test_by_blocks_a_bucket_shape_sampled_first_gets_its_static_variants_from_the_next_block_call():
+    module = _net()
+    compiled = _compile(module, mode="balanced", shapes={"specialize": "buckets", "buckets": [[64, 64]]})
+    bucket = torch.randn(2, 8, 8, 8)
+    with torch.no_grad():
+        assert rel_err(compiled(bucket), module(bucket)) < 1e-5
+        assert rel_err(compiled(bucket), module(bucket)) < 1e-5
+    info = kiln.stats(compiled)
+    assert len(info.regions) == 2  # auto compiles by blocks with buckets: they wait for their first call anyway
+    # each graph's first block call ran the lowering it was captured for, every later one its static
+    # variant (Block#1 serves six blocks a call, Block#2 two)
+    assert [(v.graph, v.how, v.note, v.calls) for v in info.variants] == [
+        (0, "compiled", "", 1), (0, "specialised", "resolution bucket", 11),
+        (1, "compiled", "", 1), (1, "specialised", "resolution bucket", 3)]
 
 
 def test_a_model_without_repeated_blocks_compiles_whole_under_auto_and_says_so_under_blocks(caplog):
