@@ -38,6 +38,11 @@ has the numbers).
 from __future__ import annotations
 
 import atexit
+# imported here, not first by a lowering: each registers a hook with `threading` when imported, which
+# raises once the interpreter has begun to exit (a lowering the exit waits for imports Inductor's
+# compile, and through it these, and failed with "can't register atexit after shutdown")
+import concurrent.futures.process  # noqa: F401
+import concurrent.futures.thread  # noqa: F401
 import contextlib
 import contextvars
 import logging
@@ -144,7 +149,7 @@ _threads_at_exit: "weakref.WeakSet[LoweringThread]" = weakref.WeakSet()
 _exit_hook_registered = False
 
 
-def _stop_at_exit(thread: "LoweringThread") -> None:
+def _register_for_exit(thread: "LoweringThread") -> None:
     """Have `thread` stopped at the interpreter's exit (LoweringThread.stop_at_exit); the hook that does
     it is registered once a process, when the first thread starts."""
     global _exit_hook_registered
@@ -176,8 +181,8 @@ class LoweringThread:
 
     def submit(self, what: str, job: Callable[[], None], ready: Callable[[], bool], nbytes: int = 0) -> bool:
         """Queue `job` (which says its own failures), unless the inputs held for the jobs queued or under
-        way would pass MAX_HELD_BYTES with its `nbytes` (a job alone is always taken); start the thread
-        if a job is ready."""
+        way would pass MAX_HELD_BYTES with its `nbytes` (a job alone is always taken; none once the
+        process exits); start the thread if a job is ready."""
         with self._lock:
             if not self._fits(nbytes):
                 return False
@@ -192,7 +197,8 @@ class LoweringThread:
             return self._fits(nbytes)
 
     def _fits(self, nbytes: int) -> bool:
-        return not self._held or self._held + nbytes <= MAX_HELD_BYTES
+        """Nothing is taken once the process exits (stop_at_exit)."""
+        return not self._closed and (not self._held or self._held + nbytes <= MAX_HELD_BYTES)
 
     def wake(self) -> None:
         """Start the thread if a job queued has become ready."""
@@ -213,24 +219,26 @@ class LoweringThread:
             return self._lock.wait_for(lambda: not self._running, timeout)
 
     def stop_at_exit(self) -> None:
-        """At the interpreter's exit: drop the jobs queued and wait for the one under way, if any."""
+        """At the interpreter's exit: drop the jobs queued, take no more, and wait for the one under way,
+        if any (it ends lowered, or failed and said so)."""
         with self._lock:
             self._closed = True
             dropped = [job[0] for job in self._jobs]
             self._held -= sum(job[3] for job in self._jobs)
             self._jobs.clear()
-            if not self._running:
-                return
-            log.warning("Kiln: %s: the process exits once the background lowering of %s ends%s", self.label,
-                        self.lowering or "a region",
-                        f" ({len(dropped)} queued lowering(s) dropped: {', '.join(dropped)})" if dropped else "")
+            queued = f"{len(dropped)} queued lowering(s) dropped: {', '.join(dropped)}" if dropped else ""
+            if self._running and self.lowering:
+                log.warning("Kiln: %s: the process exits once the background lowering of %s ends%s", self.label,
+                            self.lowering, f" ({queued})" if queued else "")
+            elif queued:
+                log.warning("Kiln: %s: the process exits; %s", self.label, queued)
             self._lock.wait_for(lambda: not self._running)
 
     def _start_if_ready(self) -> None:
         if self._closed or self._running or not any(ready() for _, _, ready, _ in self._jobs):
             return
         self._running = True
-        _stop_at_exit(self)
+        _register_for_exit(self)
         # in a copy of the caller's context: torch's settings as the model's call has them (compat.settings_per_thread)
         context = contextvars.copy_context()
         threading.Thread(target=context.run, args=(self._run,), name=f"kiln-lowering {self.label}", daemon=True).start()
@@ -254,7 +262,7 @@ class LoweringThread:
         """Run the first job that is ready; True when none was, and the thread ends (said under the lock
         that `submit` and `wake` take, so a job handed in meanwhile starts a new thread)."""
         with self._lock:
-            job = next((job for job in self._jobs if job[2]()), None)
+            job = None if self._closed else next((job for job in self._jobs if job[2]()), None)
             if job is None:
                 self._running, self.lowering = False, ""
                 self._lock.notify_all()
@@ -268,4 +276,5 @@ class LoweringThread:
         finally:
             with self._lock:
                 self._held -= job[3]
+                self.lowering = ""
         return False
