@@ -267,7 +267,7 @@ class KilnBackend:
         return ShapeDispatcher(captured, lowered, lower_static if specialisable else None, self.options.shapes,
                                self.stats, record.index, record.capture_seconds + record.seconds, self.report,
                                compile_pinned=dynamic and self.calls == 0 and not self.region, cuda_graphs=budget,
-                               call_shape=self.call_shape if self.region else None)
+                               call_shape=self.call_shape)
 
     def may_keep_eager(self, device: str) -> bool:
         """Only a region's graph may stay eager for having nothing to fuse, and only where lowering

@@ -456,6 +456,7 @@ class RegionalCompile:
         self.symbolic_sizes = options.symbolic_sizes
         self.specialises = options.pins_shapes  # pinned or bucket shapes get static variants of each region's graph
         self._first_batch: Optional[int] = None  # the batch of the model's first call with a latent
+        self._stats, self._label = stats, label
         # graphs per code object: every position of the blocks (with attention patches installed), batch 1,
         # a branch or two; counted over all blocks, since where a block's graph breaks TorchDynamo resumes
         # in the model's own code, which every region's blocks share
@@ -484,7 +485,11 @@ class RegionalCompile:
 
     def _call_shape_of(self, args: tuple, kwargs: dict) -> Optional[CallShape]:
         latent = model_latent(args, kwargs)
-        if latent is None:  # a DiT given packed tokens: no latent to match shapes by, as compiled whole
+        if latent is None:  # a DiT given packed tokens: no latent to match the shapes by
+            note = ("shapes: the model's call has no 4-D or 5-D latent input (packed tokens?), so no pinned or bucket "
+                    "shape can be matched: its regions get no static variants")
+            if self._stats.warn_once(note):
+                log.warning("Kiln: %s: %s", self._label, note)
             return None
         batch = latent.shape[0]
         if self._first_batch is None:

@@ -48,6 +48,7 @@ REUSED_KEPT = 256  # signatures remembered per graph for reused variants (bookke
 class _Entry:
     run: Callable
     record: VariantRecord
+    shape: Optional["CallShape"] = None  # a block region's graph: the model call the variant was made in
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class ShapeDispatcher:
         self._first_batch: Optional[int] = None
         self._cuda_graphs = cuda_graphs
         self._call_shape = call_shape
+        self._added: list[VariantRecord] = []  # the records the signature being added made so far
 
     # ---- signatures --------------------------------------------------------------------------
 
@@ -112,26 +114,20 @@ class ShapeDispatcher:
         """'batch 2, latent 64x64 (512x512 px), context 77, float16 cuda'; a block region's graph:
         its inputs' shapes and the model call's ('inputs 2x320x32x32 2x1280, float16 cuda, in the
         model at batch 2, latent 64x64 (512x512 px)')."""
-        if self._call_shape is not None:
-            tensors = [args[i] for i in self._inputs if isinstance(args[i], torch.Tensor)]
-            shape = self._call_shape()
-            parts = ["inputs " + " ".join("x".join(map(str, t.shape)) for t in tensors)]
-            if tensors:
-                parts.append(f"{str(tensors[0].dtype).replace('torch.', '')} {tensors[0].device.type}")
-            return ", ".join(parts) + (f", in {shape.describe()}" if shape is not None else "")
-        batch, hw = self._latent_size(args)
         tensors = [args[i] for i in self._inputs if isinstance(args[i], torch.Tensor)]
-        parts = []
-        if hw is not None:
-            parts += [f"batch {batch}", f"latent {hw[0]}x{hw[1]} ({hw[1] * LATENT_FACTOR}x{hw[0] * LATENT_FACTOR} px)"]
-        else:
-            parts.append("inputs " + " ".join("x".join(map(str, t.shape)) for t in tensors))
+        inputs = "inputs " + " ".join("x".join(map(str, t.shape)) for t in tensors)
+        kind = [f"{str(tensors[0].dtype).replace('torch.', '')} {tensors[0].device.type}"] if tensors else []
+        if self._call_shape is not None:
+            shape = self._call_shape()
+            return ", ".join([inputs, *kind]) + (f", in {shape.describe()}" if shape is not None else "")
+        batch, hw = self._latent_size(args)
+        if hw is None:
+            return ", ".join([inputs, *kind])
+        parts = [f"batch {batch}", f"latent {hw[0]}x{hw[1]} ({hw[1] * LATENT_FACTOR}x{hw[0] * LATENT_FACTOR} px)"]
         context = next((t for t in tensors if t.dim() == 3 and t.is_floating_point()), None)
-        if context is not None and hw is not None:
+        if context is not None:
             parts.append(f"context {context.shape[1]}")
-        if tensors:
-            parts.append(f"{str(tensors[0].dtype).replace('torch.', '')} {tensors[0].device.type}")
-        return ", ".join(parts)
+        return ", ".join(parts + kind)
 
     # ---- dispatch ----------------------------------------------------------------------------
 
@@ -149,14 +145,17 @@ class ShapeDispatcher:
 
     def _new_signature_or_nothing(self, key: tuple, args) -> _Entry:
         """A new signature's entry; if it is interrupted (the progress callback raised: a cancel
-        during the pinned shapes' compile), nothing of it stays, so the next call starts it again."""
-        entries, variants = set(self._entries), len(self.stats.variants)
+        during the pinned shapes' compile), nothing of it stays, so the next call starts it again.
+        Its records are taken back by identity: another region's graph may add its own meanwhile, on
+        the model's lowering thread."""
+        entries, self._added = set(self._entries), []
         try:
             return self._new_signature(key, args)
         except BaseException:
             for k in [k for k in self._entries if k not in entries]:
                 del self._entries[k]
-            del self.stats.variants[variants:]
+            for record in self._added:
+                del self.stats.variants[next(i for i, r in enumerate(self.stats.variants) if r is record)]
             raise
 
     def _new_signature(self, key: tuple, args) -> _Entry:
@@ -169,12 +168,7 @@ class ShapeDispatcher:
             if self._compile_pinned_ahead:
                 self._compile_pinned(args)
                 if self._lower_static is not None and self.policy.wants_specialised(hw, batch, batch):
-                    # the first shape is pinned or a bucket: static kernels for it too (this call still
-                    # runs the dynamic lowering it was captured for; the next ones run the static variant)
-                    why = "pinned" if self._is_pinned(hw, batch) else "resolution bucket"
-                    if self._progress is not None:
-                        self._progress(f"specialising the first shape ({why})", 1, 1)
-                    self._specialise(key, args, why)
+                    self._specialise_first(key, args, "pinned" if self._is_pinned(hw, batch) else "resolution bucket")
             return entry
         if self._lower_static is not None and self.policy.wants_specialised(hw, batch, self._first_batch):
             return self._specialise(key, args, "resolution bucket" if not self._is_pinned(hw, batch) else "pinned")
@@ -183,7 +177,9 @@ class ShapeDispatcher:
     def _new_region_signature(self, key: tuple, args) -> _Entry:
         """A block region's graph: the first signature runs the lowering it was captured for, every
         other the same lowering ("reused"), unless it is sampled while the model runs at a pinned or
-        bucket shape: then it gets a static variant (the first signature from the model's next call on)."""
+        bucket shape: then it gets a static variant (the first signature from its next block call on).
+        A signature is decided by the model call it is first sampled in: the same block inputs at
+        another model shape (a DiT's tokens at 128x64 and 64x128) run what that decided."""
         first, shape = not self._entries, self._call_shape()
         wanted = (shape is not None and self._lower_static is not None
                   and self.policy.wants_specialised(shape.latent, shape.batch, shape.first_batch))
@@ -193,10 +189,15 @@ class ShapeDispatcher:
         entry = self._add(key, self._generic, "compiled" if first else "reused", args,
                           self._compile_seconds if first else 0.0)
         if wanted:
-            if self._progress is not None:
-                self._progress(f"specialising the first shape ({why})", 1, 1)
-            self._specialise(key, args, why)
+            self._specialise_first(key, args, why)
         return entry
+
+    def _specialise_first(self, key, args, why: str) -> None:
+        """The first signature is pinned or a bucket: static kernels for it too (this call still runs
+        the dynamic lowering it was captured for; the next ones run the static variant)."""
+        if self._progress is not None:
+            self._progress(f"specialising the first shape ({why})", 1, 1)
+        self._specialise(key, args, why)
 
     def _is_pinned(self, hw, batch, first_batch: Optional[int] = None) -> bool:
         first_batch = self._first_batch if first_batch is None else first_batch
@@ -205,7 +206,8 @@ class ShapeDispatcher:
     def _add(self, key, run, how: str, args, seconds: float, note: str = "") -> _Entry:
         record = VariantRecord(graph=self.graph_index, signature=self.describe(args), how=how, seconds=seconds, note=note)
         self.stats.variants.append(record)
-        entry = self._entries[key] = _Entry(run, record)
+        self._added.append(record)
+        entry = self._entries[key] = _Entry(run, record, self._call_shape() if self._call_shape is not None else None)
         if how != "compiled":
             log.info("Kiln variant: %s", record.line())
         self._evict()
@@ -223,8 +225,13 @@ class ShapeDispatcher:
         return self._add(key, run, "specialised", args, time.perf_counter() - start, note=why)
 
     def _evict(self) -> None:
+        """The least recently used specialised variants past `max_variants`; a block region's graph keeps
+        those of the model call under way (its blocks at several depths need one each in every call at
+        that shape, whatever the bound)."""
         specialised = [k for k, e in self._entries.items() if e.record.how == "specialised"]
-        for k in specialised[: max(len(specialised) - self.policy.max_variants, 0)]:
+        now = self._call_shape() if self._call_shape is not None else None
+        evictable = [k for k in specialised if now is None or self._entries[k].shape != now]
+        for k in evictable[: max(len(specialised) - self.policy.max_variants, 0)]:
             record = self._entries.pop(k).record
             record.evicted = True
             self.stats.evictions += 1

@@ -12,9 +12,11 @@ samples most, on a GPU, in mode `max`. The policy says which shapes those are:
       max_variants: 8                       # specialised variants kept (least recently used evicted)
       max_cuda_graphs: 8                    # with cuda_graphs on: shape signatures that record one
 
-Pinned shapes are compiled ahead, with the first compile; bucket resolutions when first sampled
-at the batch the model first ran at (a new batch never compiles unless pinned). The first call's
-own shape, pinned or a bucket, is specialised with the first compile too.
+Compiled whole, pinned shapes are compiled ahead, with the first compile; bucket resolutions when
+first sampled at the batch the model first ran at (a new batch never compiles unless pinned). The
+first call's own shape, pinned or a bucket, is specialised with the first compile too. By blocks,
+each region's graph gets its static variants when the model first runs at a pinned or bucket shape
+(compiler/shape_manager.py).
 """
 from __future__ import annotations
 

@@ -323,6 +323,57 @@ def test_by_blocks_a_bucket_shape_sampled_first_gets_its_static_variants_from_th
         (1, "compiled", "", 1), (1, "specialised", "resolution bucket", 3)]
 
 
+class TwoDepthNet(torch.nn.Module):
+    """Four identical blocks, two on the image's tokens and two on every other token: one region whose
+    graph sees two sizes in every call, as SD1.5's deepest blocks do."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 16)
+        self.blocks = torch.nn.ModuleList(Block(16) for _ in range(4))
+
+    def forward(self, image):
+        x = self.embed(image.flatten(2).transpose(1, 2))
+        for i, block in enumerate(self.blocks):
+            x = block(x[:, ::2] if i == 2 else x)
+        return x
+
+
+def test_a_region_at_two_depths_keeps_the_static_variants_of_the_shape_under_way_whatever_max_variants():
+    torch.manual_seed(0)
+    module, bucket = TwoDepthNet().eval(), torch.randn(2, 8, 8, 8)
+    compiled = _compile(module, mode="balanced", shapes={"specialize": "buckets", "buckets": [[64, 64]], "max_variants": 1})
+    with torch.no_grad():
+        for _ in range(3):  # evicting one depth's variant for the other's would lower them again at every call
+            assert rel_err(compiled(bucket), module(bucket)) < 1e-5
+    info = kiln.stats(compiled)
+    assert [(v.how, v.signature.split(",")[0]) for v in info.variants] == [
+        ("compiled", "inputs 2x64x16"), ("specialised", "inputs 2x64x16"), ("specialised", "inputs 2x32x16")]
+    assert info.evictions == 0
+
+
+def test_a_model_called_without_a_latent_says_its_regions_get_no_static_variants(caplog):
+    class Tokens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Block(16) for _ in range(3))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    module, tokens = Tokens().eval(), torch.randn(2, 64, 16)
+    compiled = _compile(module, mode="balanced", shapes={"specialize": "buckets", "buckets": [[64, 64]]})
+    with torch.no_grad():
+        assert rel_err(compiled(tokens), module(tokens)) < 1e-5
+        compiled(tokens)
+    info = kiln.stats(compiled)
+    assert [v.how for v in info.variants] == ["compiled"]
+    notes = [w for w in info.warnings if "no 4-D or 5-D latent" in w]
+    assert len(notes) == 1 and "its regions get no static variants" in caplog.text
+
+
 def test_a_model_without_repeated_blocks_compiles_whole_under_auto_and_says_so_under_blocks(caplog):
     class Two(torch.nn.Module):
         def __init__(self):
