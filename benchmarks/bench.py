@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
 import statistics
 import sys
@@ -23,7 +22,7 @@ import torch
 
 from ..compiler.blocks import COMPILE_UNITS
 from ..testing.models import MODELS, SIZES
-from .side_by_side import DTYPES, own_code, sync, time_interleaved
+from .side_by_side import DTYPES, default_size_and_dtype, own_code, print_and_save, sync, time_interleaved
 
 
 @dataclass
@@ -181,7 +180,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "once into the user's cache, a few CPU minutes): PSNR vs uncached, model evaluations and "
                         "wall-clock per threshold, eager and compiled (needs scikit-learn)")
     parser.add_argument("--prompts", action="store_true", help="instead: a fresh process's first prompts, seconds each, "
-                        "eager, Kiln and Kiln with background: true (each a fresh process, every cache empty)")
+                        "eager, Kiln and Kiln with background: true (each a fresh process, every cache empty; mode: "
+                        "first of --modes)")
     parser.add_argument("--prompt-count", type=_at_least(1), default=4, help="with --prompts: prompts per run")
     parser.add_argument("--prompt-steps", type=_at_least(1), default=8, help="with --prompts: model calls per prompt")
     parser.add_argument("--idle", type=_seconds, default=5.0, help="with --prompts: seconds of rest between prompts")
@@ -216,13 +216,9 @@ def main(args: argparse.Namespace) -> int:
         from . import step_cache_bench
 
         return step_cache_bench.main(args)
-    size = args.size or ("full" if args.device == "cuda" else "cpu")
-    dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
-    result = run_bench(args.model, size, args.device, dtype, args.batch, [m for m in (args.modes or "balanced").split(",") if m],
+    default_size_and_dtype(args)
+    result = run_bench(args.model, args.size, args.device, args.dtype, args.batch, [m for m in (args.modes or "balanced").split(",") if m],
                        args.rounds, args.steps, log=lambda msg: print(msg, file=sys.stderr, flush=True),
                        units=[u for u in args.units.split(",") if u], all_regions=args.all_regions)
-    print(format_table(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    print_and_save(format_table(result), result, args.json)
     return 1 if any(r["error"] for r in result["rows"]) else 0

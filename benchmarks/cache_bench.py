@@ -159,15 +159,12 @@ def format_table(result: dict) -> str:
 
 
 def main(args) -> int:
-    size = args.size or ("full" if args.device == "cuda" else "cpu")
-    dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
-    args.size, args.dtype = size, dtype
+    from .side_by_side import default_size_and_dtype, print_and_save
+
+    default_size_and_dtype(args)
     args.cache_mode = (args.modes or "balanced").split(",")[0]
     result = run_cache_bench(args, log=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print(format_table(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    print_and_save(format_table(result), result, args.json)
     return 0 if result["summary"] else 1
 
 

@@ -28,6 +28,7 @@ import tempfile
 import time
 
 RUNS = ("eager", "kiln", "kiln background")
+CHILD_TIMEOUT_S = 3600  # a run that has not answered by then has hung
 DT = 0.05  # the Euler step of the stand-in sampler: small, so the latent stays in the range the model saw
 
 
@@ -77,7 +78,8 @@ def child(args) -> dict:
             for _ in range(args.steps):
                 step_start = time.perf_counter()
                 call_args, call_kwargs = _with_latent(inputs, kwargs, where, latent)
-                latent = latent - DT * fn(*call_args, **call_kwargs)[0]
+                out = fn(*call_args, **call_kwargs)
+                latent = latent - DT * (out if isinstance(out, torch.Tensor) else out[0])  # diffusers: a tuple
                 sync(args.device)
                 steps.append(time.perf_counter() - step_start)
             prompt = {"seconds": time.perf_counter() - began, "steps": steps}
@@ -101,7 +103,11 @@ def _run_child(args, run: str, work: str, log) -> dict:
                "--cache-dir", os.path.join(own, "kiln-cache"), "--batch", str(args.batch),
                "--prompts", str(args.prompt_count), "--steps", str(args.prompt_steps), "--idle", str(args.idle)]
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir, TMPDIR=temp_dir)
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        log(f"  {run}: FAILED after {CHILD_TIMEOUT_S} s")
+        return {"run": run, "error": f"no result after {CHILD_TIMEOUT_S} s"}
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
         result = {"run": run, "error": " | ".join(tail)[:500]}
@@ -189,14 +195,12 @@ def format_table(result: dict) -> str:
 
 
 def main(args) -> int:
-    args.size = args.size or ("full" if args.device == "cuda" else "cpu")
-    args.dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
+    from .side_by_side import default_size_and_dtype, print_and_save
+
+    default_size_and_dtype(args)
     args.kiln_mode = (args.modes or "balanced").split(",")[0]
     result = run_prompts_bench(args, log=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print(format_table(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    print_and_save(format_table(result), result, args.json)
     return 0 if result["summary"] else 1
 
 

@@ -264,20 +264,18 @@ def format_table(result: dict) -> str:
 
 
 def main(args) -> int:
-    size = args.size or ("full" if args.device == "cuda" else "cpu")
-    dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
+    from .side_by_side import default_size_and_dtype, print_and_save
+
+    default_size_and_dtype(args)
     modes = [m for m in (args.modes if args.modes is not None else "balanced").split(",") if m]
     baselines = True if args.baselines is None else [b for b in args.baselines.split(",") if b and b != "none"]
     try:
-        result = run_shapes_bench(args.model, size, args.device, dtype, modes, baselines=baselines, isolate=True,
-                                  log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        result = run_shapes_bench(args.model, args.size, args.device, args.dtype, modes, baselines=baselines,
+                                  isolate=True, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     except ValueError as exc:  # a bad model or variant name: say which, no traceback
         print(f"kiln bench --shapes: {exc}", file=sys.stderr)
         return 2
-    print(format_table(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    print_and_save(format_table(result), result, args.json)
     return 1 if any(r["error"] for r in result["runs"]) else 0
 
 

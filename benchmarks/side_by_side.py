@@ -10,6 +10,23 @@ import torch
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def default_size_and_dtype(args) -> None:
+    """`kiln bench`'s defaults where --size or --dtype is not given: CPU size in fp32 on a CPU; full
+    size in fp16 on CUDA (bf16 for Flux, as it ships)."""
+    args.size = args.size or ("full" if args.device == "cuda" else "cpu")
+    args.dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
+
+
+def print_and_save(table: str, result: dict, json_path) -> None:
+    """A bench's table on stdout, its result as JSON at `json_path` (if given)."""
+    import json
+
+    print(table)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
