@@ -169,11 +169,6 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    import argparse
+    from .side_by_side import child_parser
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--child", dest="run", choices=RUNS, required=True)
-    for flag in ("--model", "--size", "--device", "--dtype", "--mode", "--cache-dir"):
-        parser.add_argument(flag, required=True)
-    parser.add_argument("--batch", type=int, required=True)
-    print(json.dumps(child(parser.parse_args())))
+    print(json.dumps(child(child_parser(RUNS).parse_args())))

@@ -205,13 +205,9 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    import argparse
+    from .side_by_side import child_parser
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--child", dest="run", choices=RUNS, required=True)
-    for flag in ("--model", "--size", "--device", "--dtype", "--mode", "--cache-dir"):
-        parser.add_argument(flag, required=True)
-    parser.add_argument("--batch", type=int, required=True)
+    parser = child_parser(RUNS)
     parser.add_argument("--prompts", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--idle", type=float, required=True)

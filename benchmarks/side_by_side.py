@@ -17,6 +17,19 @@ def default_size_and_dtype(args) -> None:
     args.dtype = args.dtype or ("fp32" if args.device == "cpu" else ("bf16" if args.model == "flux" else "fp16"))
 
 
+def child_parser(runs):
+    """The arguments a bench gives the fresh process that makes one of its `runs`: `--child RUN` and
+    the model's (python -m kiln.benchmarks.<bench> --child ...)."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child", dest="run", choices=runs, required=True)
+    for flag in ("--model", "--size", "--device", "--dtype", "--mode", "--cache-dir"):
+        parser.add_argument(flag, required=True)
+    parser.add_argument("--batch", type=int, required=True)
+    return parser
+
+
 def print_and_save(table: str, result: dict, json_path) -> None:
     """A bench's table on stdout, its result as JSON at `json_path` (if given)."""
     import json
