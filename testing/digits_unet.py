@@ -84,14 +84,16 @@ class TrainReport:
 
 def train(steps: int = 2000, batch: int = 64, seed: int = 0, progress: Optional[Callable[[int, float], None]] = None
           ) -> tuple[DigitsDenoiser, TrainReport]:
-    torch.manual_seed(seed)
-    latents, classes = digit_latents()
-    model = DigitsDenoiser().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps, pct_start=0.1)
-    alphas = _alphas_cumprod()
-    start = time.perf_counter()
-    with torch.enable_grad():  # also where the caller runs without autograd (Kiln's tests do)
+    # with autograd on, also where the caller runs without it (Kiln's tests do) or in inference mode
+    # (where enable_grad alone still makes inference tensors, weights and data, that backward refuses)
+    with torch.inference_mode(False), torch.enable_grad():
+        torch.manual_seed(seed)
+        latents, classes = digit_latents()
+        model = DigitsDenoiser().train()
+        opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps, pct_start=0.1)
+        alphas = _alphas_cumprod()
+        start = time.perf_counter()
         loss = _train_steps(model, opt, sched, alphas, latents, classes, steps, batch, progress)
     return model.eval().requires_grad_(False), TrainReport(steps, time.perf_counter() - start, loss)
 
