@@ -49,8 +49,9 @@ class CompileOptions:
     compile_unit: "auto" | "blocks" | "whole" (COMPILE_UNITS, compiler/blocks.py): compile each
         distinct block once and share it between identical blocks, or the whole model as one graph.
     measure_regions: by blocks, time each region's first call compiled and eagerly and keep the
-        faster, and leave a block class uncompiled once its first regions gained under 10%
-        (compiler/region_choice.py); false compiles every region with something to fuse.
+        faster, leave a block class uncompiled once its first regions gained under 10%, and on a
+        CPU leave blocks with most of their weights in convolutions uncompiled (measured no faster
+        there; compiler/region_choice.py); false compiles every region with something to fuse.
     background: by blocks, lower each region in a thread of Kiln's while its blocks run eagerly: the
         first image does not wait for the compile, and each region runs compiled from its first call
         after its code is ready (compiler/background.py). Not with cuda_graphs or compile_unit whole.

@@ -119,7 +119,8 @@ class CompiledRegion:
         if self.lowered_in_background not in (None, "done"):
             return self._eagerly_until_lowered(block, args, kwargs)
         if first and not self.decided and (self._eager_by_stored_choice(args, kwargs)
-                                           or self._eager_by_class(args, kwargs)):
+                                           or self._eager_by_class(args, kwargs)
+                                           or self._eager_by_convolutions(block, args, kwargs)):
             self._say_if_nothing_compiled()
             return compat.call_module_body(block, *args, **kwargs)
         out = self._run_compiled(block, args, kwargs)
@@ -169,7 +170,8 @@ class CompiledRegion:
         try:
             with caller.entered(), _call_shape_set(shape):  # the model call the inputs came from
                 args, kwargs = held.given()
-                if not self.decided and (self._eager_by_stored_choice(args, kwargs) or self._eager_by_class(args, kwargs)):
+                if not self.decided and (self._eager_by_stored_choice(args, kwargs) or self._eager_by_class(args, kwargs)
+                                         or self._eager_by_convolutions(block, args, kwargs)):
                     self._say_if_nothing_compiled()
                     return
                 self._run_compiled(block, args, kwargs)
@@ -294,6 +296,18 @@ class CompiledRegion:
             return False
         self.decided = True
         self._keep_eager("class", why)
+        self.backend.report(f"kept eager: {why}", 1, 1)
+        return True
+
+    def _eager_by_convolutions(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+        """Before the region's first capture, with nothing measured or stored for it: whether its block
+        is one that runs no faster compiled on this device (region_choice.convolutions_on_cpu)."""
+        device = None if self.decided else self._may_measure(args, kwargs)
+        why = region_choice.convolutions_on_cpu(block, device) if device else ""
+        if not why:
+            return False
+        self.decided = True
+        self._keep_eager("convolutions", why)
         self.backend.report(f"kept eager: {why}", 1, 1)
         return True
 

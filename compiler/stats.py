@@ -63,6 +63,7 @@ EAGER_KINDS = {
     "nothing_to_fuse": "nothing to fuse",                                # compiler/fusible.py
     "measured": "measured no faster compiled",                           # compiler/region_choice.py
     "class": "not compiled after their class's first",                   # region_choice.ClassVerdicts
+    "convolutions": "convolution blocks on a CPU",                       # region_choice.convolutions_on_cpu
 }
 
 

@@ -12,12 +12,16 @@ from testing_utils import rel_err
 
 
 class Mix(torch.nn.Module):
+    """A norm, an activation and a layer mixing the channels of each pixel (a Linear: on a CPU a
+    block of convolutions is not compiled at all, `region_choice.convolutions_on_cpu`)."""
+
     def __init__(self, channels: int = 4):
         super().__init__()
-        self.norm, self.conv = torch.nn.GroupNorm(2, channels), torch.nn.Conv2d(channels, channels, 3, padding=1)
+        self.norm, self.mix = torch.nn.GroupNorm(2, channels), torch.nn.Linear(channels, channels)
 
     def forward(self, x):
-        return x + self.conv(torch.nn.functional.silu(self.norm(x)))
+        h = torch.nn.functional.silu(self.norm(x))
+        return x + self.mix(h.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
 class InPlace(torch.nn.Module):
@@ -217,8 +221,8 @@ def test_blocks_with_hooks_or_patches_are_not_measured():
     block = Mix()
     assert why_not_measured(block, patched=False) == ""
     assert "patches" in why_not_measured(block, patched=True)
-    handle = block.conv.register_forward_hook(lambda module, args, out: None)
-    assert why_not_measured(block, patched=False) == "conv has forward hooks"
+    handle = block.mix.register_forward_hook(lambda module, args, out: None)
+    assert why_not_measured(block, patched=False) == "mix has forward hooks"
     handle.remove()
     block.register_forward_pre_hook(lambda module, args: None)
     assert why_not_measured(block, patched=False) == "the block has forward hooks"
@@ -301,6 +305,89 @@ def test_measure_regions_false_keeps_every_region_with_something_to_fuse_compile
         compiled(x)
     info = kiln.stats(compiled)
     assert not info.regions_eager and not info.region_timings and len(timings) == 2
+
+
+class Res(torch.nn.Module):
+    """A ResNet-like block: most of its weights are in its convolutions."""
+
+    def __init__(self, channels: int = 4):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(2, channels)
+        self.conv = torch.nn.Conv2d(channels, channels, 3, padding=1)
+        self.emb = torch.nn.Linear(channels, channels)
+
+    def forward(self, x):
+        h = self.conv(torch.nn.functional.silu(self.norm(x)))
+        return x + h + self.emb(h.mean((2, 3)))[:, :, None, None]
+
+
+class ResNet(torch.nn.Module):
+    """Two Res blocks (region Res#1) and two Mix blocks (Mix#1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.res = torch.nn.ModuleList([Res(), Res()])
+        self.mix = torch.nn.ModuleList([Mix(), Mix()])
+
+    def forward(self, x):
+        for block in (*self.res, *self.mix):
+            x = block(x)
+        return x
+
+
+def test_the_share_of_a_block_s_weights_in_convolutions():
+    res = Res()
+    conv = res.conv.weight.numel() + res.conv.bias.numel()
+    total = sum(p.numel() for p in res.parameters())
+    assert region_choice.convolution_share(res) == conv / total and conv / total > region_choice.CPU_CONVOLUTION_SHARE
+    assert region_choice.convolution_share(Mix()) == 0.0
+    assert region_choice.convolution_share(torch.nn.ReLU()) == 0.0  # no weights at all
+
+    class SubclassConv(torch.nn.Conv2d):  # as diffusers' and ComfyUI's convolutions are
+        pass
+
+    assert region_choice.convolution_share(SubclassConv(2, 2, 3)) == 1.0
+
+
+def test_on_a_cpu_convolution_blocks_are_neither_captured_nor_measured_and_say_why(timings, caplog):
+    timings += [(0.5, 1.0)]  # Mix#1 only: the Res blocks are never timed
+    module, x = ResNet().eval(), torch.randn(2, 4, 8, 8)
+    compiled = kiln.compile(module, mode="balanced")
+    caplog.set_level(logging.INFO, logger="kiln")
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-5
+    info = kiln.stats(compiled)
+    assert not timings and list(info.region_timings) == ["Mix#1"]
+    assert [c.region for c in info.compiles] == ["Mix#1"]  # Res#1 was not even captured
+    assert info.eager_kinds == {"Res#1": "convolutions"}
+    share = region_choice.convolution_share(module.res[0])
+    assert info.regions_eager["Res#1"].startswith(f"not compiled: on a CPU, a block with {share:.0%} of its weights "
+                                                  "in convolutions runs no faster compiled")
+    assert "1 region(s) eager by choice (1 convolution blocks on a CPU)" in info.units_line()
+    assert "region Res#1 runs eagerly: not compiled: on a CPU, a block with" in caplog.text
+
+
+def test_convolution_blocks_compile_with_measure_regions_false_or_a_choice_measured_before(
+        timings, tmp_path, monkeypatch):
+    x = torch.randn(2, 4, 8, 8)
+    every = kiln.compile(ResNet().eval(), options=CompileOptions(measure_regions=False))
+    with torch.no_grad():
+        every(x)
+    assert [c.region for c in kiln.stats(every).compiles] == ["Res#1", "Mix#1"]
+
+    # a choice kept in Kiln's cache is this machine's own measurement: it decides before the rule
+    with monkeypatch.context() as without_rule:
+        without_rule.setattr(region_choice, "convolutions_on_cpu", lambda block, device: "")
+        timings += [(0.5, 1.0), (0.5, 1.0)]  # Res#1, Mix#1: both faster compiled, both stored
+        with torch.no_grad():
+            kiln.compile(ResNet().eval(), mode="balanced", cache_dir=str(tmp_path))(x)
+    assert not timings
+    later = kiln.compile(ResNet().eval(), mode="balanced", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        later(x)
+    info = kiln.stats(later)
+    assert [c.region for c in info.compiles] == ["Res#1", "Mix#1"] and not info.regions_eager
+    assert info.region_timings["Res#1"] == RegionTiming(0.5, 1.0)
 
 
 def test_a_block_with_a_hook_is_not_measured_and_stays_compiled(timings, caplog):
