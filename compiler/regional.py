@@ -294,10 +294,7 @@ class CompiledRegion:
         why = "" if self.decided else self.verdicts.predicted_eager(self.region.block_class)
         if not why or self._may_measure(args, kwargs) is None:
             return False
-        self.decided = True
-        self._keep_eager("class", why)
-        self.backend.report(f"kept eager: {why}", 1, 1)
-        return True
+        return self._eager_before_capture("class", why)
 
     def _eager_by_convolutions(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
         """Before the region's first capture, with nothing measured or stored for it: whether its block
@@ -306,8 +303,12 @@ class CompiledRegion:
         why = region_choice.convolutions_on_cpu(block, device) if device else ""
         if not why:
             return False
+        return self._eager_before_capture("convolutions", why)
+
+    def _eager_before_capture(self, kind: str, why: str) -> bool:
+        """The region is decided eager before its first capture: said, counted and on the progress bar."""
         self.decided = True
-        self._keep_eager("convolutions", why)
+        self._keep_eager(kind, why)
         self.backend.report(f"kept eager: {why}", 1, 1)
         return True
 
