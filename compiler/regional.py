@@ -142,7 +142,9 @@ class CompiledRegion:
     def _eagerly_until_lowered(self, block: torch.nn.Module, args: tuple, kwargs: dict):
         """A call before the region's code is ready: its block runs eagerly, and on the region's first
         call a copy of its inputs is handed to the model's lowering thread (or on a later one, while
-        the inputs held for other regions fill MAX_HELD_BYTES)."""
+        the inputs held for other regions fill MAX_HELD_BYTES). A region that a choice stored in
+        Kiln's cache or the convolution rule keeps eager is decided here, on the model's thread: it
+        is never handed in. The class rule waits on the thread for the verdict of its class."""
         if self.lowered_in_background == "waiting":
             if any(_carries_position(v) and _patches_read_position(v) for v in (*args, *kwargs.values())):
                 log.info("Kiln: %s: region %s is lowered in the foreground, by this call: its blocks call ComfyUI "
@@ -151,6 +153,12 @@ class CompiledRegion:
                 self.lowered_in_background = None
                 self.backend.progress = self.background.progress.for_region(self.region)
                 return self(block, *args, **kwargs)
+            # what needs no other region's verdict is decided here, before any input is copied and held
+            if not self.decided and (self._eager_by_stored_choice(args, kwargs)
+                                     or self._eager_by_convolutions(block, args, kwargs)):
+                self.lowered_in_background = "done"
+                self._say_if_nothing_compiled()
+                return compat.call_module_body(block, *args, **kwargs)
             if self.background.thread.can_hold(HeldInputs.bytes_of(args, kwargs)):  # else asked again at a later call
                 held, caller, shape = HeldInputs(args, kwargs), CallerState(), _call_shape.get()
                 # a region of its class lowered before is measured first: this one may follow the class's verdict
@@ -163,15 +171,14 @@ class CompiledRegion:
 
     def _lower_in_background(self, block: torch.nn.Module, held: HeldInputs, caller: CallerState,
                              shape: Optional[CallShape]) -> None:
-        """On the lowering thread: unless the cache or the region's class says eager, the region's first
+        """On the lowering thread: unless the region's class says eager, the region's first
         compiled call, on its first inputs, as the model's call would make it; from the model's next call
         of the region, its blocks run its code."""
         start = time.perf_counter()
         try:
             with caller.entered(), _call_shape_set(shape):  # the model call the inputs came from
                 args, kwargs = held.given()
-                if not self.decided and (self._eager_by_stored_choice(args, kwargs) or self._eager_by_class(args, kwargs)
-                                         or self._eager_by_convolutions(block, args, kwargs)):
+                if not self.decided and self._eager_by_class(args, kwargs):  # the other rules decided at the hand-in
                     self._say_if_nothing_compiled()
                     return
                 self._run_compiled(block, args, kwargs)

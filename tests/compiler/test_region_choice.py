@@ -391,6 +391,44 @@ def test_convolution_blocks_compile_with_measure_regions_false_or_a_choice_measu
     assert info.region_timings["Res#1"] == RegionTiming(0.5, 1.0)
 
 
+def test_in_the_background_convolution_blocks_and_stored_choices_are_decided_before_any_input_is_held(
+        timings, tmp_path, monkeypatch):
+    from kiln.compiler.background import LoweringThread
+
+    handed = []
+    real_submit = LoweringThread.submit
+
+    def submit(self, name, job, ready, nbytes):
+        handed.append(name)
+        return real_submit(self, name, job, ready, nbytes)
+
+    monkeypatch.setattr(LoweringThread, "submit", submit)
+    x = torch.randn(2, 4, 8, 8)
+    module = ResNet().eval()
+    timings += [(2.0, 1.0)]  # Mix#1, measured by its call after its lowering; the Res blocks are never timed
+    compiled = kiln.compile(module, options=CompileOptions(mode="balanced", background=True), cache_dir=str(tmp_path))
+    with torch.no_grad():
+        assert rel_err(compiled(x), module(x)) < 1e-5
+        assert kiln.wait_lowered(compiled, timeout=60) == []
+        compiled(x)
+    info = kiln.stats(compiled)
+    assert handed == ["Mix#1"] and not timings and [c.region for c in info.compiles] == ["Mix#1"]
+    assert info.eager_kinds == {"Res#1": "convolutions", "Mix#1": "measured"}
+
+    # a later start: Mix#1's choice, stored by that measurement, decides at its first call, on the
+    # model's thread, as the rule does for Res#1: nothing is handed to the thread, nothing captured
+    handed.clear()
+    again = ResNet().eval()
+    later = kiln.compile(again, options=CompileOptions(mode="balanced", background=True), cache_dir=str(tmp_path))
+    with torch.no_grad():
+        assert rel_err(later(x), again(x)) < 1e-5
+        assert kiln.wait_lowered(later, timeout=0) == []
+    info = kiln.stats(later)
+    assert handed == [] and info.compile_count == 0 and info.eager_kinds == {"Res#1": "convolutions",
+                                                                           "Mix#1": "measured"}
+    assert info.regions_eager["Mix#1"].endswith("(measured before, from Kiln's cache)")
+
+
 def test_a_block_with_a_hook_is_not_measured_and_stays_compiled(timings, caplog):
     timings += [(2.0, 1.0), (2.0, 1.0)]
     module, x = _net(), torch.randn(2, 4, 8, 8)
