@@ -1,7 +1,10 @@
 """`kiln bench`: eager vs torch.compile vs diffusers' regional compile vs Kiln, side by side in one run.
 
-Every variant is compiled first, its first call timed as compile time in an empty Inductor cache of
-its own (no variant reuses kernels another built), then all are timed in interleaved rounds so that
+The process first compiles a tiny function (`warm_up_compiler`: torch's compiler imports, Inductor's
+CPU probe and C++ header, which a process's first compile pays once, whatever it compiles), so that
+the variant timed first does not pay them for the others. Every variant is then compiled, its first
+call timed as compile time in an empty Inductor cache of its own (no variant reuses kernels another
+built), then all are timed in interleaved rounds so that
 a drift of the machine affects them alike. Error is the max absolute difference to eager, relative
 to eager's max magnitude. By default: eager, torch.compile (the whole model), diffusers'
 `compile_repeated_blocks` where the model declares its repeated blocks (what a diffusers user would
@@ -22,7 +25,8 @@ import torch
 
 from ..compiler.blocks import COMPILE_UNITS
 from ..testing.models import MODELS, SIZES
-from .side_by_side import DTYPES, default_size_and_dtype, own_code, print_and_save, sync, time_interleaved
+from .side_by_side import (DTYPES, default_size_and_dtype, own_code, print_and_save, sync, time_interleaved,
+                           warm_up_compiler)
 
 
 @dataclass
@@ -77,6 +81,8 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
     args, kwargs = spec.inputs(module, batch, device=device, dtype=DTYPES[dtype])
     params = sum(p.numel() for p in module.parameters())
     log(f"kiln bench: {spec.description}, {size} size ({params / 1e6:.1f}M parameters), {device} {dtype}, batch {batch}")
+    warm_up_s = warm_up_compiler(device)
+    log(f"  warm-up compile (what a process's first compile pays once, paid here for every variant): {warm_up_s:.1f}s")
     rows: dict[str, Row] = {}
     calls: dict[str, Callable] = {}
     with torch.inference_mode():
@@ -118,7 +124,9 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
                     "threads": torch.get_num_threads(),
                     "gpu": torch.cuda.get_device_name() if device == "cuda" else None},
         "method": f"median of {rounds} interleaved rounds (order reversed every other round) x {steps} steps, "
-                  "after one warm-up call per variant per round",
+                  "after one warm-up call per variant per round; compile s: each variant's first call in an empty "
+                  "Inductor cache, after one warm-up compile of a tiny function for the process",
+        "warm_up_s": warm_up_s,
         "rows": [asdict(r) for r in rows.values()],
     }
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from .side_by_side import DTYPES, own_code, sync, time_interleaved
+from .side_by_side import DTYPES, own_code, sync, time_interleaved, warm_up_compiler
 from ..testing.models import MODELS
 
 
@@ -31,6 +31,8 @@ def run_quant_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu",
     module = spec.build(size, dtype=DTYPES[dtype], device=device)
     args, kwargs = spec.inputs(module, batch, device=device, dtype=DTYPES[dtype])
     log(f"kiln bench --quant: {spec.description}, {size} size, {device} {dtype}, batch {batch}, Kiln mode {mode}")
+    log(f"  warm-up compile (what a process's first compile pays once, paid here for every variant): "
+        f"{warm_up_compiler(device):.1f}s")
     variants: dict[str, tuple[Callable, float, str]] = {  # name -> (callable, weight MiB, scheme)
         "eager": (module, _mib(module), "none"),
         f"kiln {mode}": (kiln.compile(own_code(module, "kiln_plain"), mode=mode), _mib(module), "none"),

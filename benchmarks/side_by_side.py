@@ -1,5 +1,6 @@
-"""What every side-by-side benchmark shares: dtypes by name, a device sync, a code object per
-variant, and interleaved timing rounds (`kiln bench`, `--quant`, `--shapes`, `--cache`)."""
+"""What every side-by-side benchmark shares: dtypes by name, a device sync, a warm-up compile before
+any variant is timed, a code object per variant, and interleaved timing rounds (`kiln bench`,
+`--quant`, `--shapes`, `--cache`)."""
 from __future__ import annotations
 
 import time
@@ -43,6 +44,27 @@ def print_and_save(table: str, result: dict, json_path) -> None:
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def _warm_up_function(x):
+    return torch.nn.functional.gelu(x) * 2.0 + 1.0
+
+
+def warm_up_compiler(device: str) -> float:
+    """Pay, before any variant is timed, what a process's first compile through Inductor pays once,
+    whatever it compiles: torch's compiler imports and first setup; on a CPU, Inductor's probe of
+    the vector instruction sets (kept for the process) and its precompiled C++ header (kept in the
+    system's temporary folder); on a GPU, Triton's start. Without it the variant timed first pays
+    them for all the others: on a 2-core CPU a tiny function's first compile in a fresh process took
+    15.8 s with the header already built, the next 2.4 s. Compiled into an empty Inductor cache,
+    so no variant finds its kernels. The seconds it took."""
+    from ..compiler.compat import fresh_inductor_cache
+
+    start = time.perf_counter()
+    with fresh_inductor_cache(), torch.inference_mode():
+        torch.compile(_warm_up_function, dynamic=False)(torch.randn(8, 8, device=device))
+        sync(device)
+    return time.perf_counter() - start
 
 
 def own_code(module: torch.nn.Module, tag: str) -> torch.nn.Module:
