@@ -32,7 +32,7 @@ import torch
 from ..compiler.passes import PASSES
 from .kernel_timing import median_ms
 from ..testing.models import MODELS
-from .side_by_side import sync
+from .side_by_side import sync, warm_up_compiler
 
 RESULTS = Path(__file__).resolve().parent / "results"
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -358,12 +358,15 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stdout)
     ceiling = matmul_ceiling_tflops(device, args.tiny)
     log(f"kiln gpu suite on {device_name}, torch {torch.__version__}; matmul ceiling {ceiling:.1f} TFLOP/s")
+    warm_up_s = warm_up_compiler(device)
+    log(f"warm-up compile (what a process's first compile pays once, paid here for every variant): {warm_up_s:.1f}s")
     results: list[Result] = []
     data = {"date": datetime.date.today().isoformat(), "ceiling_tflops": ceiling,
             "machine": {"device": device_name, "torch": torch.__version__,
                         "triton": _version("triton"), "diffusers": _version("diffusers")},
-            "method": "median of CUDA-event timings per step after 3 warm-up calls; compile = first call; "
-                      "torch._dynamo.reset() between variants",
+            "method": "median of CUDA-event timings per step after 3 warm-up calls; compile = first call, after "
+                      "one warm-up compile of a tiny function for the process; torch._dynamo.reset() between variants",
+            "warm_up_s": warm_up_s,
             "results": []}
 
     write = rows_written(args.out / f"{stamp}.json", data, results)

@@ -28,6 +28,8 @@ def test_tiny_suite_writes_results_and_log(tmp_path, monkeypatch):
     assert again["error"] is None and again["ms"] > 0 and again["rel_err"] == 0.0
     assert again["speedup"] == pytest.approx(rows["eager"]["ms"] / again["ms"])
     assert "FAILED" in result_file.with_suffix(".log").read_text()
+    # the process's one-time compile costs are paid before the first variant, not by it
+    assert data["warm_up_s"] > 0 and "warm-up compile" in result_file.with_suffix(".log").read_text()
 
 
 def test_eager_is_not_timed_again_when_it_ran_alone_or_failed(tmp_path, monkeypatch):
