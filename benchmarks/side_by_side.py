@@ -1,6 +1,7 @@
-"""What every side-by-side benchmark shares: dtypes by name, a device sync, a warm-up compile before
-any variant is timed, a code object per variant, and interleaved timing rounds (`kiln bench`,
-`--quant`, `--shapes`, `--cache`)."""
+"""What every side-by-side benchmark shares: dtypes by name, a device sync, a code object per
+variant, and interleaved timing rounds (`kiln bench`, `--quant`, `--shapes`, `--cache`); and, for
+those that time several first compiles in one process (`kiln bench`, `--quant`, the GPU suite), a
+warm-up compile before the first."""
 from __future__ import annotations
 
 import time
