@@ -392,7 +392,7 @@ def test_convolution_blocks_compile_with_measure_regions_false_or_a_choice_measu
 
 
 def test_in_the_background_convolution_blocks_and_stored_choices_are_decided_before_any_input_is_held(
-        timings, tmp_path, monkeypatch):
+        timings, tmp_path, monkeypatch, caplog):
     from kiln.compiler.background import LoweringThread
 
     handed = []
@@ -427,6 +427,26 @@ def test_in_the_background_convolution_blocks_and_stored_choices_are_decided_bef
     assert handed == [] and info.compile_count == 0 and info.eager_kinds == {"Res#1": "convolutions",
                                                                            "Mix#1": "measured"}
     assert info.regions_eager["Mix#1"].endswith("(measured before, from Kiln's cache)")
+
+    # a stored choice that is not a timing (too large, and no number), now read on the model's thread:
+    # refused, said, and the region is handed in and measured again as if nothing were stored
+    from kiln.compiler.cache import CacheOptions, GraphCache
+
+    cache = GraphCache(CacheOptions(dir=str(tmp_path)))
+    (fields,) = [entry.fields for _, entry, _ in cache.store().headers()
+                 if entry is not None and "region_choice" in entry.fields and "Mix" in str(entry.fields)]
+    cache.write_record(fields, region_choice.CHOICE_FILE, b'{"compiled_ms": "' + b"9" * 4096 + b'", "eager_ms": 1}')
+    handed.clear()
+    timings += [(0.5, 1.0)]
+    caplog.set_level(logging.WARNING, logger="kiln")
+    third = kiln.compile(ResNet().eval(), options=CompileOptions(mode="balanced", background=True),
+                         cache_dir=str(tmp_path))
+    with torch.no_grad():
+        third(x)
+        assert kiln.wait_lowered(third, timeout=60) == []
+        third(x)
+    assert "ignored the stored choice of region Mix#1" in caplog.text and "measured again" in caplog.text
+    assert handed == ["Mix#1"] and not timings and kiln.stats(third).eager_kinds == {"Res#1": "convolutions"}
 
 
 def test_a_block_with_a_hook_is_not_measured_and_stays_compiled(timings, caplog):
