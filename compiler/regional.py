@@ -90,6 +90,9 @@ class CompiledRegion:
         # the foreground, by the call that finds it uncompiled
         self.background = background
         self.lowered_in_background: Optional[str] = "waiting" if background is not None else None
+        # the rules decided before a hand-in (a stored choice, the convolution rule) were asked: a
+        # region whose inputs wait past MAX_HELD_BYTES does not read the cache again at every call
+        self.asked_before_hand_in = False
         # lowered in the background: its next call with the lowering thread idle measures it
         # (compiler/region_choice.py); until then the thread lowers no other region of its class
         self.measure_due = False
@@ -154,11 +157,13 @@ class CompiledRegion:
                 self.backend.progress = self.background.progress.for_region(self.region)
                 return self(block, *args, **kwargs)
             # what needs no other region's verdict is decided here, before any input is copied and held
-            if not self.decided and (self._eager_by_stored_choice(args, kwargs)
-                                     or self._eager_by_convolutions(block, args, kwargs)):
-                self.lowered_in_background = "done"
-                self._say_if_nothing_compiled()
-                return compat.call_module_body(block, *args, **kwargs)
+            if not self.asked_before_hand_in:
+                self.asked_before_hand_in = True
+                if not self.decided and (self._eager_by_stored_choice(args, kwargs)
+                                         or self._eager_by_convolutions(block, args, kwargs)):
+                    self.lowered_in_background = "done"
+                    self._say_if_nothing_compiled()
+                    return compat.call_module_body(block, *args, **kwargs)
             if self.background.thread.can_hold(HeldInputs.bytes_of(args, kwargs)):  # else asked again at a later call
                 held, caller, shape = HeldInputs(args, kwargs), CallerState(), _call_shape.get()
                 # a region of its class lowered before is measured first: this one may follow the class's verdict

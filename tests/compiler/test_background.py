@@ -84,6 +84,33 @@ def test_the_inputs_held_for_waiting_regions_are_bounded_and_a_region_past_the_b
         assert _lowered(compiled) == [] and kiln.stats(compiled).compile_count == 2
 
 
+def test_a_region_whose_inputs_wait_past_the_bound_asks_the_cache_and_the_rules_once(monkeypatch, gate, tmp_path):
+    from kiln.compiler import background
+
+    asked = []
+    real = CompiledRegion._eager_by_stored_choice
+
+    def stored_choice(self, args, kwargs):
+        asked.append(self.region.name)
+        return real(self, args, kwargs)
+
+    monkeypatch.setattr(CompiledRegion, "_eager_by_stored_choice", stored_choice)
+    monkeypatch.setattr(background, "MAX_HELD_BYTES", 2 * 15 * 16 * 4)  # Block#1's input alone
+    module, x = _net(), torch.randn(2, 8, 3, 5)
+    compiled = kiln.compile(module, options=CompileOptions(mode="fast", background=True, measure_regions=False),
+                            cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for _ in range(3):  # Block#1 held at the gate; Block#2's inputs wait past the bound, call after call
+            assert rel_err(compiled(x), module(x)) < 1e-6
+    assert asked == ["Block#1", "Block#2"]
+    gate.set()
+    with torch.no_grad():
+        _lowered(compiled)
+        compiled(x)  # now Block#2 hands in, without asking again
+        assert _lowered(compiled) == [] and kiln.stats(compiled).compile_count == 2
+    assert asked == ["Block#1", "Block#2"]
+
+
 def test_held_inputs_come_back_on_their_device_as_inference_tensors_or_not_and_in_their_containers():
     from kiln.compiler.background import HeldInputs
 
