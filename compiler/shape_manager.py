@@ -35,7 +35,7 @@ import torch
 
 from . import compat
 from .cuda_graph_budget import CudaGraphBudget
-from .shape_policy import LATENT_FACTOR, PinnedShape, ShapePolicy
+from .shape_policy import LATENT_FACTOR, PinnedShape, ShapePolicy, ShapePolicyError, pixels_problem
 from .shapes import activation_indices, shapes_key
 from .stats import KilnStats, VariantRecord
 
@@ -248,7 +248,11 @@ class ShapeDispatcher:
             return
         pins = list(self.policy.pin)
         for done, pin in enumerate(pins, 1):
-            pinned_args = self._args_for(pin, args)
+            try:
+                pinned_args = self._args_for(pin, args)
+            except Exception as exc:  # noqa: BLE001  e.g. out of memory: this pin's variant failed, as _specialise says
+                self._pin_failed(pin, exc)
+                continue
             if pinned_args is None:  # e.g. a graph TorchDynamo specialised to batch 1: not this pin's graph
                 continue
             key = self._key(pinned_args)
@@ -258,8 +262,21 @@ class ShapeDispatcher:
                 self._progress(f"specialising pinned shape {pin}", done, len(pins))
             self._specialise(key, pinned_args, "pinned, compiled ahead")
 
+    def _pin_failed(self, pin: PinnedShape, exc: Exception) -> None:
+        """The inputs of a pinned shape could not be built: logged and warned, nothing compiled ahead
+        (a call at that shape later is served, and specialised, as any other)."""
+        problem = str(exc) if isinstance(exc, ShapePolicyError) else compat.describe_compile_failure(exc)
+        reason = (f"pinned shape {pin.width}x{pin.height} at batch {pin.batch or self._first_batch} is not compiled ahead: "
+                  f"building its inputs failed ({problem})")
+        log.error("Kiln: %s", reason, exc_info=None if isinstance(exc, ShapePolicyError) else exc)
+        self.stats.warnings.append(reason)
+
     def _args_for(self, pin: PinnedShape, args) -> Optional[list]:
-        """Graph inputs of the pinned shape: `args` with every symbolic size rebound (random activations)."""
+        """Graph inputs of the pinned shape: `args` with every symbolic size rebound (random activations).
+        A pin without a batch is held to MAX_PIN_PIXELS at the first call's batch (ShapePolicyError)."""
+        problem = pixels_problem(pin.width, pin.height, pin.batch or self._first_batch)
+        if problem:
+            raise ShapePolicyError(f"shapes.pin: {pin}: {problem}")
         binding: dict = {}
         for i in self._inputs:
             fake, real = self._fakes[i], args[i]

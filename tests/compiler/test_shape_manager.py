@@ -154,3 +154,38 @@ def test_static_compiles_have_no_shape_manager(dynamic):
     compiled = kiln.compile(module, mode="fast", dynamic=dynamic)
     compiled(*_inputs(2, 8, 8))
     assert kiln.stats(compiled).variants == []
+
+
+@pytest.mark.parametrize("pin, fails, why", [
+    ("4096x4096", None, "shapes.pin: 4096x4096: 4096x4096 at batch 5 is 83,886,080 pixels; the limit is 67,108,864"),
+    ("64x64:2", RuntimeError("DefaultCPUAllocator: can't allocate memory"), "RuntimeError: DefaultCPUAllocator"),
+])
+def test_a_pinned_shape_whose_inputs_cannot_be_built_is_a_logged_failure(monkeypatch, pin, fails, why):
+    """A pin's activations are allocated to compile it ahead: one without ':B' is held to the pixel
+    budget at the first call's batch (5 here), and a failed allocation is that variant's failure,
+    logged and warned, not an exception out of the model's first call."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.compiler.shape_manager import ShapeDispatcher
+    from kiln.compiler.stats import KilnStats
+
+    x = torch.randn(5, 4, 8, 16)  # no two sizes equal: make_fx would give them one symbol
+    gm = make_fx(lambda t: t * 2, tracing_mode="symbolic")(x)  # symbolic batch and latent, nothing compiled
+    lowered = []
+    policy = build_options("balanced", pin_shapes=pin + ", 64x128").compile.shapes
+    stats = KilnStats(options={})
+    dispatcher = ShapeDispatcher(gm, lambda *a: a[0], lambda g, a: lowered.append(tuple(a[0].shape)) or (lambda *b: b[0]),
+                                 policy, stats, 0, 0.0, compile_pinned=True)
+    real = torch.randn
+
+    def randn(shape, **kwargs):  # the pin at batch 2 cannot be allocated
+        if fails is not None and shape[0] == 2:
+            raise fails
+        return real(shape, **kwargs)
+
+    monkeypatch.setattr(torch, "randn", randn)
+    assert dispatcher(x) is x
+    assert lowered == [(5, 4, 16, 8)]  # the other pin, 64x128, still compiled ahead
+    assert len(stats.warnings) == 1 and stats.warnings[0].startswith(f"pinned shape {pin.split(':')[0]} at batch")
+    assert why in stats.warnings[0] and "not compiled ahead" in stats.warnings[0]
+    assert [v.how for v in stats.variants] == ["compiled", "specialised"]  # nothing recorded for the failed pin

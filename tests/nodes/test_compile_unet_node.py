@@ -118,6 +118,13 @@ def test_pin_shapes_input_is_declared_and_validated():
     # dynamic=false has no dynamic graph to pin shapes ahead of: an error, not pins silently never compiled
     with pytest.raises(OptionsError, match="shapes.pin and shapes.specialize need dynamic auto or true"):
         KilnCompileUNet().compile(FakePatcher(), dynamic="false", pin_shapes="1024x1024")
+    # a workflow's widget text is untrusted: bounded as the advanced text is, and in what it pins
+    with pytest.raises(ShapePolicyError, match=r"^shapes\.pin: the text is 70,000 characters long; the limit is 65,536"):
+        KilnCompileUNet().compile(FakePatcher(), pin_shapes="1024x1024," * 7000)
+    with pytest.raises(ShapePolicyError, match=r"^shapes\.pin: 9 pinned shapes, more than shapes\.max_variants=8"):
+        KilnCompileUNet().compile(FakePatcher(), pin_shapes=", ".join(f"{8 * i}x512" for i in range(1, 10)))
+    with pytest.raises(ShapePolicyError, match=r"^shapes\.pin: '65536x65536:64': width and height must be 8 to 16384"):
+        KilnCompileUNet().compile(FakePatcher(), pin_shapes="65536x65536:64")
 
 
 def test_a_compile_shows_as_one_line_the_guard_with_its_source_line():
