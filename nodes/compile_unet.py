@@ -34,7 +34,8 @@ class KilnCompileUNet:
                                "pixels, ':B' for the batch the model sees (CFG included), e.g. 1024x1024, 832x1216:2. "
                                "Other sizes run on the dynamic graph with no compile. With pins the model compiles "
                                "whole (advanced 'compile_unit: blocks' keeps blocks, each pinned size compiled when "
-                               "first run). Not in mode fast."}),
+                               "first run). Not in mode fast. At most shapes.max_variants sizes (8 by default); "
+                               "sizes too large to compile ahead are refused, naming the bound."}),
                 "advanced": ("STRING", {"multiline": True, "default": "", "tooltip":
                              "expert options as JSON or YAML, e.g. passes: {fuse_geglu: on}, "
                              "shapes: {specialize: buckets, max_variants: 4}, or cache: {dir: kiln-fast, max_gb: 50} "
