@@ -4,14 +4,17 @@ A workflow is untrusted (anyone's, loaded with one drag), and Compile UNet's `ad
 Quantize Model's `policy` are free text in it. So the text is bounded before it is read: at most
 MAX_TEXT_CHARS characters, nested at most MAX_DEPTH levels (checked before any recursive reader
 runs: no RecursionError), no YAML anchors or aliases (a few hundred characters of them expand to
-gigabytes, "billion laughs"), and a mapping of known keys at the top. Values in messages are
-shortened (`shorten`), never printed whole.
+gigabytes, "billion laughs"), no key given twice in one mapping (JSON and YAML would keep the
+last and drop the rest without a word; a YAML merge key's `<<` keys count too), and a mapping of
+known keys at the top. Values in messages are shortened (`shorten`), never printed whole.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import reprlib
+from collections.abc import Hashable
 from typing import Any, Iterable, Optional
 
 MAX_TEXT_CHARS = 64 * 1024
@@ -86,13 +89,35 @@ def check_keys(mapping: dict, allowed: Iterable[str], what: str, error_type: typ
         raise error_type(f"{what}: unknown key(s) {shown}{more}; allowed: {', '.join(allowed)}")
 
 
+class _Refused(Exception):
+    """Why Kiln will not read the text, found while it is read (a key given twice); not a ValueError, so
+    the JSON reader's refusal does not fall through to YAML."""
+
+
+def _twice(key: Any, where: str = "") -> _Refused:
+    return _Refused(f"gives the key {shorten(key)} twice in one mapping{where}; only one value would be kept, "
+                    f"so give each key once")
+
+
+def _json_mapping(pairs: list) -> dict:
+    """json.loads' object_pairs_hook: the object as a dict, refusing a key given twice."""
+    mapping = {}
+    for key, value in pairs:
+        if key in mapping:
+            raise _twice(key)
+        mapping[key] = value
+    return mapping
+
+
 def _load(text: str, what: str, error_type: type[Exception]) -> Any:
     """JSON if the text is JSON (and shallow enough to read), else YAML."""
     if _json_depth(text) <= MAX_DEPTH:
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_json_mapping)
         except ValueError:  # not JSON (or an int too long to convert): try YAML, which says what is wrong
             pass
+        except _Refused as exc:
+            raise error_type(f"{what} text {exc}") from None
     return _load_yaml(text, what, error_type)
 
 
@@ -114,13 +139,36 @@ def _load_yaml(text: str, what: str, error_type: type[Exception]) -> Any:
 
     try:
         refusal = _yaml_refusal(text)  # PyYAML's parser is a state machine: no recursion
-        data = None if refusal else yaml.load(text, Loader=yaml.SafeLoader)  # its composer recurses: <= MAX_DEPTH
+        data = None if refusal else yaml.load(text, Loader=_yaml_loader())  # its composer recurses: <= MAX_DEPTH
+    except _Refused as exc:
+        refusal = str(exc)
     except (yaml.YAMLError, ValueError, OverflowError) as exc:  # ValueError: e.g. the timestamp 2001-13-45
         problem = " ".join(str(exc).split())
         raise error_type(f"{what} text is neither JSON nor YAML ({problem[:300]})") from None
     if refusal:
         raise error_type(f"{what} text {refusal}")
     return data
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """PyYAML's SafeLoader, refusing a key given twice in one mapping. Keys are compared as built, so
+    `on` and `yes` (both True in YAML 1.1) are the same key, and so is a key a merge (`<<`) gives."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            self.flatten_mapping(node)  # merge keys into node.value, as SafeLoader does
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)  # built once: SafeLoader keeps it for below
+                if isinstance(key, Hashable):  # an unhashable key: SafeLoader's own error, below
+                    if key in seen:
+                        raise _twice(key, f" (line {key_node.start_mark.line + 1})")
+                    seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return Loader
 
 
 def _yaml_refusal(text: str) -> Optional[str]:

@@ -51,6 +51,32 @@ def test_a_single_anchor_is_refused_too():
         parse_expert_options("passes: &p {fuse_geglu: on}")
 
 
+@pytest.mark.parametrize("text, key", [
+    ("passes: {fuse_geglu: off}\nmode: max\npasses: {channels_last_convs: on}", "'passes'"),  # YAML, top level
+    ('{"passes": {"fuse_geglu": "off"}, "mode": "max", "passes": {}}', "'passes'"),            # JSON, top level
+    ("shapes:\n  pin: [1024x1024]\n  max_variants: 4\n  pin: []", "'pin'"),                 # YAML block, nested
+    ('{"passes": {"fuse_geglu": "off", "fuse_geglu": "on"}}', "'fuse_geglu'"),                # JSON, nested
+    ("{mode: max, passes: {fuse_geglu: on, fuse_geglu: off}}", "'fuse_geglu'"),               # YAML flow, nested
+    ("inductor: {max_autotune: on, max_autotune: yes}", "'max_autotune'"),
+    ("passes: {on: 1, yes: 2}", "True"),                                                       # both are YAML 1.1 true
+    ("mode: fast\n<<: {mode: max}", "'mode'"),                                               # a merge gives it again
+    ("<<: [{mode: max}, {mode: fast}]", "'mode'"),
+])
+def test_a_key_given_twice_is_refused_naming_it(text, key):
+    """JSON and YAML keep the last of two equal keys and drop the first without a word: a setting lost."""
+    with pytest.raises(OptionsError, match=rf"^advanced options text gives the key {key} twice in one mapping"):
+        parse_expert_options(text)
+    with pytest.raises(QuantizeError, match=rf"^layer policy text gives the key {key} twice in one mapping"):
+        parse_policy(text)
+
+
+def test_yaml_merge_keys_are_read_as_before_and_anchored_ones_still_refused():
+    assert parse_expert_options("<<: {mode: max}\npasses: {fuse_geglu: off}") == {"mode": "max",
+                                                                                  "passes": {"fuse_geglu": False}}
+    with pytest.raises(OptionsError, match="^advanced options text uses YAML anchors or aliases"):
+        parse_expert_options("passes: &p {fuse_geglu: on}\n<<: *p")
+
+
 @pytest.mark.parametrize("text", [
     "[" * 5000 + "]" * 5000,                          # JSON
     '{"a": ' * 5000 + "1" + "}" * 5000,               # JSON
