@@ -52,11 +52,21 @@ def test_an_allowed_tuning_setting_still_works():
     ("coordinate_descent_search_radius", 10 ** 9, "a whole number from 1 to 8"),
     ("max_autotune_gemm_backends", "ATEN,CUTLASS", "a comma-separated list of ATEN, TRITON, CPP"),
     ("max_autotune_gemm_backends", "aten", "a comma-separated list of ATEN, TRITON, CPP"),
-    ("max_autotune_gemm_search_space", "/tmp/x", "one of DEFAULT, EXHAUSTIVE"),
+    ("max_autotune_gemm_search_space", "/tmp/x", "DEFAULT"),
 ])
 def test_a_wrongly_typed_value_is_refused(name, value, allowed):
     with pytest.raises(OptionsError, match=rf"^inductor\.{name}=.*: use {allowed}"):
         CompileOptions(inductor={name: value})
+
+
+def test_the_exhaustive_gemm_search_space_is_refused_like_cutlass():
+    """EXHAUSTIVE makes Triton profile ~1,900 matmul configs per shape instead of ~20: a workflow could make
+    every compile take hours, which is why CUTLASS and CK are refused too."""
+    with pytest.raises(OptionsError, match=r"^inductor\.max_autotune_gemm_search_space='EXHAUSTIVE': use DEFAULT "
+                                           r"\(EXHAUSTIVE is refused: it makes Triton profile about 1,900 kernels"):
+        build_options("max", advanced="inductor: {max_autotune_gemm_search_space: EXHAUSTIVE}").compile
+    assert CompileOptions(inductor={"max_autotune_gemm_search_space": "DEFAULT"}).inductor == {
+        "max_autotune_gemm_search_space": "DEFAULT"}
 
 
 def test_unknown_names_are_still_called_unknown():
