@@ -3,10 +3,16 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 from . import plan_wrapper, quant_patcher, shared
 
 log = logging.getLogger("kiln")
+
+# Save Quantized Model writes SAVED_BY under SAVED_BY_KEY in each file's safetensors metadata; `overwrite`
+# replaces only a file that has it, never a model of the user's (flux1-dev.safetensors)
+SAVED_BY_KEY, SAVED_BY = "kiln_source", "Kiln › Save Quantized Model"
+MAX_FILENAME_BYTES = 120  # UTF-8: with ".safetensors" and the temporary file's suffix, far below a 255-byte name
 
 
 def _compiler():
@@ -73,8 +79,11 @@ class KilnSaveQuantizedModel:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL",), "filename": ("STRING", {"default": "kiln/quantized"}),
-                             "overwrite": ("BOOLEAN", {"default": False})}}
+        return {"required": {"model": ("MODEL",),
+                             "filename": ("STRING", {"default": "kiln/quantized", "tooltip":
+                                          "the file's name in models/diffusion_models (a folder below it too)"}),
+                             "overwrite": ("BOOLEAN", {"default": False, "tooltip":
+                                           "replace a file that this node saved; any other file is never replaced"})}}
 
     def save(self, model, filename, overwrite=False):
         import folder_paths
@@ -82,15 +91,66 @@ class KilnSaveQuantizedModel:
         _compiler()
         roots = folder_paths.get_folder_paths("diffusion_models")  # [models/unet (legacy name), models/diffusion_models, ...]
         root = next((r for r in roots if os.path.basename(os.path.normpath(r)) == "diffusion_models"), roots[0])
-        path = os.path.abspath(os.path.join(root, filename if filename.endswith(".safetensors") else filename + ".safetensors"))
-        if not path.startswith(os.path.abspath(root) + os.sep):
-            raise ValueError(f"filename {filename!r} leaves the diffusion_models folder")
-        if os.path.exists(path) and not overwrite:
-            raise FileExistsError(f"{path} exists; choose another filename or set overwrite")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        readers = quant_patcher.save(model, path, metadata={"kiln_source": "Kiln › Save Quantized Model"})
+        path = target_path(root, filename)
+        if os.path.lexists(path):
+            if not saved_by_kiln(path):
+                raise FileExistsError(f"filename {filename!r}: {path} exists and is not a file {SAVED_BY} wrote (its "
+                                      f"safetensors metadata has no {SAVED_BY_KEY}: {SAVED_BY!r}), so Kiln never "
+                                      f"replaces it, even with overwrite; choose another filename")
+            if not overwrite:
+                raise FileExistsError(f"filename {filename!r}: {path} exists; choose another filename or set overwrite")
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except OSError as exc:  # a file where a folder of the name should be
+            raise ValueError(f"filename {filename!r}: cannot make the folder {os.path.dirname(path)} "
+                             f"({exc.strerror})") from None
+        readers = quant_patcher.save(model, path, metadata={SAVED_BY_KEY: SAVED_BY})
         log.info("Kiln: saved the quantized model to %s; the file loads in: %s", path, readers)
         return {"ui": {"text": [path, f"the file loads in: {readers}"]}}
+
+
+def target_path(root: str, filename) -> str:
+    """The .safetensors file in `root` (or a folder below it) that Save Quantized Model's `filename` names.
+    A name that is not plain text, too long, hidden (a part starting with '.'), has an empty part, or
+    leaves `root`: ValueError naming `filename`."""
+    if not isinstance(filename, str):
+        raise ValueError(f"filename must be text, got {type(filename).__name__}")
+    if not filename.strip():
+        raise ValueError("filename is empty; give a name such as 'kiln/quantized'")
+    if not filename.isprintable():  # NUL, newlines, other control and invisible characters
+        bad = next(c for c in filename if not c.isprintable())
+        raise ValueError(f"filename {filename[:MAX_FILENAME_BYTES]!r} holds the character {bad!r}; use printable "
+                         f"characters only")
+    size = len(filename.encode())
+    if size > MAX_FILENAME_BYTES:
+        raise ValueError(f"filename is {size:,} bytes long (UTF-8); the limit is {MAX_FILENAME_BYTES}")
+    name = filename if filename.endswith(".safetensors") else filename + ".safetensors"
+    path = os.path.abspath(os.path.join(root, name))
+    if not path.startswith(os.path.abspath(root) + os.sep):
+        raise ValueError(f"filename {filename!r} leaves the diffusion_models folder")
+    for part in re.split(r"[/\\]", filename):
+        if not part.strip():
+            raise ValueError(f"filename {filename!r} has an empty name before, between or after a '/'; give a "
+                             f"name such as 'kiln/quantized'")
+        if part.startswith("."):
+            raise ValueError(f"filename {filename!r}: {part!r} starts with '.', which makes a hidden file or folder "
+                             f"(or is '..'); give a name such as 'kiln/quantized'")
+    return path
+
+
+def saved_by_kiln(path: str) -> bool:
+    """Whether `path` is a plain file (not a link) whose safetensors metadata says Save Quantized Model
+    wrote it. safetensors reads only the header, bounded (and checked) by safetensors itself."""
+    from safetensors import SafetensorError, safe_open
+
+    if os.path.islink(path) or not os.path.isfile(path):
+        return False
+    try:
+        with safe_open(path, framework="pt") as file:
+            metadata = file.metadata() or {}
+    except (OSError, SafetensorError):  # not a safetensors file, or one safetensors refuses
+        return False
+    return metadata.get(SAVED_BY_KEY) == SAVED_BY
 
 
 class KilnLoadQuantizedModel:
