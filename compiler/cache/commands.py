@@ -29,11 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _when(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M") if timestamp else "-"
+    """A time as people read it; "-" for none, "?" for one the system cannot show (a file's mtime set far off)."""
+    try:
+        return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M") if timestamp else "-"
+    except (OverflowError, ValueError, OSError):
+        return "?"
 
 
 def _resolve(store: CacheStore, prefixes: list[str]) -> list[str]:
-    keys = [key for key, _, _ in store.headers()]
+    keys = store.keys()
     out = []
     for prefix in prefixes:
         found = [key for key in keys if key.startswith(prefix)]
@@ -54,9 +58,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _list(store: CacheStore, options: CacheOptions, args) -> int:
-    rows = list(store.headers())
     print(f"{'key':<12} {'graph':<44} {'size':>9} {'compile':>8}  last used")
-    for key, entry, problem in rows:
+    for key, entry, problem in store.headers():
         if entry is None:
             print(f"{key[:12]:<12} UNREADABLE: {problem}")
             continue
@@ -85,7 +88,7 @@ def _info(store: CacheStore, options: CacheOptions, args) -> int:
 
 
 def _clear(store: CacheStore, options: CacheOptions, args) -> int:
-    keys = _resolve(store, args.keys) if args.keys else [key for key, _, _ in store.headers()]
+    keys = _resolve(store, args.keys) if args.keys else store.keys()
     removed = sum(store.remove(key) for key in keys)
     print(f"removed {removed} entries from {store.entries}")
     return 0

@@ -35,18 +35,25 @@ def describe_cache(options: CacheOptions, model: str = "") -> CacheReport:
         return CacheReport("Kiln's cache is off: nothing is read or stored.")
     try:
         store = options.open()
-        entries = [entry for _, entry, _ in store.headers() if entry is not None]
+        count = total = graphs = records = 0
+        seconds = 0.0
+        for _, entry, _ in store.headers():  # counted as read: no header is kept
+            if entry is None:
+                continue
+            count, total = count + 1, total + entry.size
+            if model and str(entry.fields.get("label", "")).split(" ")[0] == model:
+                if "graph" in entry.fields:
+                    graphs, seconds = graphs + 1, seconds + entry.compile_seconds
+                else:  # a record: a region's choice
+                    records += 1
     except (CacheError, OSError) as exc:
         return CacheReport(f"Kiln's cache at {options.named} cannot be used: {exc}. Models compile without it.", str(exc))
-    total = sum(entry.size for entry in entries)
-    text = (f"Kiln's cache ({options.mode}) at {store.root}: {len(entries)} entries, {total / 2**20:.1f} MiB "
+    text = (f"Kiln's cache ({options.mode}) at {store.root}: {count} entries, {total / 2**20:.1f} MiB "
             f"of {options.max_gb:g} GiB")
     if model:
-        mine = [e for e in entries if str(e.fields.get("label", "")).split(" ")[0] == model]
-        graphs = [e for e in mine if "graph" in e.fields]  # the rest are records: a region's choice
-        text += f"; {len(graphs)} for {model}"
+        text += f"; {graphs} for {model}"
         if graphs:
-            text += f" ({sum(e.compile_seconds for e in graphs):.0f}s of compiling stored)"
-        if len(mine) > len(graphs):
-            text += f" and {len(mine) - len(graphs)} region choice(s) (measured, or nothing to fuse)"
+            text += f" ({seconds:.0f}s of compiling stored)"
+        if records:
+            text += f" and {records} region choice(s) (measured, or nothing to fuse)"
     return CacheReport(text + ".")

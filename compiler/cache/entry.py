@@ -3,18 +3,22 @@
 An entry file is MAGIC, an 8-byte header length, a JSON header (key fields, file list, compile
 seconds), the files' bytes, and an HMAC-SHA256 of everything before it (trust.py). The header is
 untrusted until the signature is checked, so it is validated against its schema (`read_header`:
-a safe key, shallow key fields, safe relative file names, sizes that fit the entry, finite times)
-before anything reads it; listing, lookups, import and miss explanations all go through it.
+a safe key, shallow key fields, safe relative file names that can all be written into one folder,
+sizes that fit the entry, times in range) before anything reads it; listing, lookups, import and
+miss explanations all go through it. An entry is read from its start (`read_entry`): its MAGIC and
+header first, from a bounded read, then its size against its kind's limit, and only then its files.
 """
 from __future__ import annotations
 
+import hmac
+import io
 import json
 import math
 import os
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 from ..option_text import shorten
 from . import trust
@@ -24,9 +28,22 @@ MAGIC = b"KILN-CACHE-ENTRY 1\n"
 SUFFIX = ".kiln"
 _LENGTH = struct.Struct(">Q")
 KEY_PATTERN = re.compile(r"[0-9a-z]{32}")               # entry_key's 32 hex digits (tests use letters too)
-MAX_HEADER_BYTES = 16 * 2**20                            # a header lists files and key fields: kilobytes
+_START = len(MAGIC) + _LENGTH.size                      # where the header begins
+# a header is the key fields (a few KiB) and the file list (about 100 bytes a file; Inductor writes
+# about 8 files per Triton kernel): 4 MiB holds 40,000 files. Listing reads each entry's header.
+MAX_HEADER_BYTES = 4 * 2**20
 MAX_FILES = 100_000
 MAX_FIELD_DEPTH = 8                                      # key fields nest options.passes.<name>: depth 3
+MAX_NAME_PART_BYTES = 255                                # NAME_MAX: one folder or file name, encoded
+MAX_NAME_BYTES = 1024                                    # a whole relative name (Inductor's: under 200 bytes)
+MAX_SECONDS = 8**11 - 1                                  # created, compile_seconds: the largest time a tar
+                                                         # header holds (year 2242), `kiln cache export`'s
+# an entry's whole size, by kind (besides the cache's size cap): an entry of compiled graphs (measured
+# 0.7-17 MiB, a whole SD1.5 UNet on a CPU; a GPU model's kernels take more), the CPU probe's programs
+# or a record; and Inductor's precompiled C++ headers (headers.py: about 150 MB each, one or two kept).
+MAX_ENTRY_BYTES = 512 * 2**20
+MAX_HEADERS_ENTRY_BYTES = 2**30
+HEADERS_FIELD = "precompiled_headers"                    # the key field of a headers entry (headers.py)
 
 
 class CacheEntryError(CacheError):
@@ -47,7 +64,7 @@ class Entry:
 @dataclass(frozen=True)
 class Header:
     """An entry's header, validated: a safe key, key fields that are a shallow JSON mapping, files
-    with safe relative names and sizes that fit the entry, finite times."""
+    with safe relative names that fit one folder and sizes that fit the entry, times in range."""
 
     key: str
     fields: dict
@@ -62,6 +79,20 @@ class Header:
 
     def entry(self, **values) -> Entry:
         return Entry(key=self.key, fields=self.fields, compile_seconds=self.compile_seconds, created=self.created, **values)
+
+
+def size_limit(fields: dict, cap: Optional[int] = None) -> tuple[int, str]:
+    """(the largest size an entry with these key fields may have, what that limit is), within `cap`
+    (the cache's size cap) where given."""
+    limit, what = ((MAX_HEADERS_ENTRY_BYTES, "the limit for an entry of precompiled headers") if HEADERS_FIELD in fields
+                   else (MAX_ENTRY_BYTES, "the limit for an entry of compiled code"))
+    return (cap, "the cache's whole size cap") if cap is not None and cap < limit else (limit, what)
+
+
+def check_size(size: int, fields: dict, where: str, cap: Optional[int] = None) -> None:
+    limit, what = size_limit(fields, cap)
+    if size > limit:
+        raise CacheEntryError(f"{where} is {size} bytes, more than {what} ({limit} bytes)")
 
 
 def encode(entry: Entry) -> bytes:
@@ -98,6 +129,12 @@ def read_header(data: bytes, where: str, total: Optional[int] = None) -> Header:
     return header
 
 
+def folders(name: str) -> list[str]:
+    """The folders a '/'-separated file name lies in: 'a/b/c' -> ['a', 'a/b']."""
+    parts = name.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def _validated(raw: Any, where: str, offset: int) -> Header:
     def bad(what: str) -> CacheEntryError:
         return CacheEntryError(f"{where} has a damaged header: {what}")
@@ -121,12 +158,21 @@ def _validated(raw: Any, where: str, offset: int) -> Header:
             raise bad(f"file {shorten(item)} is not a [name, size >= 0] pair")
         if not _safe_relative(item[0]):
             raise bad(f"file name {shorten(item[0])} names a file outside its directory")
+        if not _writable_name(item[0]):
+            raise bad(f"file name {shorten(item[0])} is longer than a file system takes ({MAX_NAME_BYTES} bytes, "
+                      f"{MAX_NAME_PART_BYTES} a part)")
         listed.append((item[0], item[1]))
+    names = {name for name, _ in listed}
+    if len(names) < len(listed):
+        raise bad("a file is listed twice")
+    clash = next((folder for name in names for folder in folders(name) if folder in names), None)
+    if clash is not None:
+        raise bad(f"{shorten(clash)} is listed as a file and as a folder of another")
     times = {}
     for name in ("compile_seconds", "created"):
         value = raw.get(name, 0.0)
-        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
-            raise bad(f"{name} {shorten(value)} is not a finite number >= 0")
+        if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
+            raise bad(f"{name} {shorten(value)} is not a number of seconds from 0 to {MAX_SECONDS}")
         times[name] = float(value)
     return Header(key, fields, tuple(listed), body_offset=offset, **times)
 
@@ -149,24 +195,55 @@ def _safe_relative(name: str) -> bool:
             and not os.path.isabs(name) and ":" not in parts[0] and all(p not in ("", ".", "..") for p in parts))
 
 
+def _writable_name(name: str) -> bool:
+    """Short enough for a file system: the whole name and each of its parts, in bytes."""
+    return (len(os.fsencode(name)) <= MAX_NAME_BYTES
+            and all(len(os.fsencode(part)) <= MAX_NAME_PART_BYTES for part in name.split("/")))
+
+
 def decode(data: bytes, where: str, signed_with: Optional[bytes]) -> Entry:
     """An Entry from signed bytes (`signed_with`: the key to check) or unsigned ones (None)."""
-    header = read_header(data, where)
+    return read_entry(io.BytesIO(data), len(data), where, signed_with)
+
+
+def read_head(f: BinaryIO) -> bytes:
+    """An entry's MAGIC, header length and header from the start of `f`: a bounded read (at most
+    MAX_HEADER_BYTES of header), for read_header to check."""
+    head = f.read(_START)
+    if len(head) == _START and head.startswith(MAGIC):
+        head += f.read(min(_LENGTH.unpack_from(head, len(MAGIC))[0], MAX_HEADER_BYTES))
+    return head
+
+
+def read_entry(f: BinaryIO, size: int, where: str, signed_with: Optional[bytes], cap: Optional[int] = None) -> Entry:
+    """The Entry of `size` bytes at the start of `f`, signed (`signed_with`: the key to check) or not
+    (None). Its MAGIC and header are read and checked first, then its size (exactly what its header
+    lists, within its kind's limit and `cap`), and only then its files, each read once."""
+    head = read_head(f)
+    header = read_header(head, where, total=size)  # head is MAGIC, length and header: f is at the files
+    check_size(size, header.fields, where, cap)
     body = header.body_end
     expected = body + (trust.SIGNATURE_BYTES if signed_with is not None else 0)
-    if signed_with is not None and len(data) == body:
+    if signed_with is not None and size == body:
         raise CacheEntryError(f"{where} is unsigned: Kiln loads only entries it signed itself; bring entries from "
                               "elsewhere in with `kiln cache import`")
-    if len(data) < expected:
-        raise CacheEntryError(f"{where} is truncated ({len(data)} of {expected} bytes)")
-    if len(data) > expected:
-        raise CacheEntryError(f"{where} has {len(data) - expected} unexpected trailing bytes")
-    if signed_with is not None and not trust.verify(signed_with, data[:body], data[body:]):
+    if size < expected:
+        raise CacheEntryError(f"{where} is truncated ({size} of {expected} bytes)")
+    if size > expected:
+        raise CacheEntryError(f"{where} has {size - expected} unexpected trailing bytes")
+    mac = None
+    if signed_with is not None:
+        mac = trust.signer(signed_with)
+        mac.update(head)
+    files = {}
+    for name, length in header.files:
+        files[name] = f.read(length)
+        if len(files[name]) != length:
+            raise CacheEntryError(f"{where} is truncated in its file {shorten(name)} (changed while it was read?)")
+        if mac is not None:
+            mac.update(files[name])
+    if mac is not None and not hmac.compare_digest(mac.digest(), f.read(trust.SIGNATURE_BYTES)):
         raise CacheEntryError(f"{where} fails its signature: it was changed after Kiln wrote it, or was written with "
                               "another user's or machine's key (copied in?); bring entries from elsewhere in with "
                               "`kiln cache import`")
-    files, position = {}, header.body_offset
-    for name, size in header.files:
-        files[name] = data[position:position + size]
-        position += size
-    return header.entry(files=files, size=len(data))
+    return header.entry(files=files, size=size)

@@ -23,8 +23,8 @@ from .. import compat
 from . import cpu_probe, headers
 from . import key as cache_key
 from .options import CacheOptions
-from .entry import KEY_PATTERN
-from .store import CacheStore, Entry, error_text, read_files, read_or_refuse, said, write_files
+from .entry import KEY_PATTERN, folders
+from .store import CacheEntryError, CacheStore, Entry, error_text, read_files, read_or_refuse, said, write_files
 from .trust import CacheError
 
 log = logging.getLogger("kiln")
@@ -191,8 +191,10 @@ class GraphCache:
         """The entry's files, and the kernel files of the entries it needs (NEEDS_FILE): the ones this
         model lowered or loaded before it, in the process that stored it. Inductor builds a kernel once
         per process, into the lowering that first needed it, so a later graph's entry may lack a kernel
-        it runs; loaded in another order (a region left eager, a new model) it would be built again."""
+        it runs; loaded in another order (a region left eager, a new model) it would be built again.
+        A needed file whose name is taken (by a file, or as a folder) is left out: Inductor builds it."""
         files = {name: data for name, data in entry.files.items() if name != NEEDS_FILE}
+        taken = {folder for name in files for folder in folders(name)}  # the folders the files lie in
         for key in self._needs(entry):
             try:
                 needed = store.read(key)
@@ -204,8 +206,10 @@ class GraphCache:
                 continue
             self._saw(key)  # only an entry that was read: a missing or damaged one is not handed on
             for name, data in needed.files.items():
-                if name not in files and name != NEEDS_FILE and name.split("/")[0] not in GRAPH_FOLDERS:
+                if (name not in files and name not in taken and name != NEEDS_FILE
+                        and name.split("/")[0] not in GRAPH_FOLDERS and not any(f in files for f in folders(name))):
                     files[name] = data
+                    taken.update(folders(name))
         self._saw(entry.key)
         return files
 
@@ -248,6 +252,8 @@ class GraphCache:
             return
         try:
             store.write(Entry(key=cache_key.entry_key(fields), fields=fields, files={name: data}))
+        except CacheEntryError as exc:  # this record only
+            log.warning("Kiln: %s not stored (%s)", name, exc)
         except (CacheError, OSError) as exc:
             self._disable_for(exc)
 
@@ -263,7 +269,7 @@ class GraphCache:
         if entry is None:
             if not explain:
                 return None, ""
-            return None, cache_key.explain_miss(fields, [e.fields for _, e, _ in store.headers() if e is not None])
+            return None, cache_key.explain_miss(fields, (e.fields for _, e, _ in store.headers() if e is not None))
         return entry, ""
 
     def _lower_from(self, store: CacheStore, entry: Entry, work: str, lower, label: str):
@@ -303,6 +309,10 @@ class GraphCache:
         entry = Entry(key=key, fields=fields, files=files, compile_seconds=seconds)
         try:
             size = store.write(entry)
+        except CacheEntryError as exc:  # this entry only (too large): the cache stays on
+            event = CacheEvent(label, outcome, f"{reason}; not stored: {exc}".lstrip("; "), key)
+            log.warning("Kiln: %s", event.line())
+            return event
         except (CacheError, OSError) as exc:
             self._disable_for(exc)
             return CacheEvent(label, outcome, f"{reason}; not stored: {error_text(exc)}".lstrip("; "), key)

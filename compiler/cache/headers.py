@@ -37,6 +37,7 @@ from typing import Optional
 import torch
 
 from .. import compat
+from .entry import HEADERS_FIELD, MAX_HEADER_BYTES, size_limit
 from .key import entry_key, environment_fields
 from .store import CacheStore, Entry, read_or_refuse, said
 
@@ -60,7 +61,7 @@ def header_fields() -> dict:
     """The entry's key fields: the machine, torch (and where it is installed: the compiler's include
     paths are part of a header's name) and Python."""
     environment = environment_fields("cpu")
-    return {"precompiled_headers": "Inductor's C++ headers",
+    return {HEADERS_FIELD: "Inductor's C++ headers",
             **{name: environment[name] for name in ("device", "torch", "python")},
             "torch_dir": os.path.dirname(os.path.abspath(torch.__file__)), "label": LABEL}
 
@@ -141,11 +142,14 @@ def _keep_new(store: CacheStore, folder: str) -> None:
     _found.update(new)  # looked at once: a header that cannot be stored is not read again at every lowering
     asked = [name for name in sorted(kept & present) if os.path.exists(os.path.join(folder, name[:-len(".gch")]))]
     share = int(store.max_bytes * MAX_SHARE)
+    entry_room = size_limit(header_fields())[0] - MAX_HEADER_BYTES  # an entry's limit, less room for its header
     total = sum(os.lstat(os.path.join(folder, name)).st_size for name in new + asked)
-    if total > share:
-        log.info("Kiln: %s (%.1f MiB) are not stored: more than %d%% of the cache's size cap (max_gb), they would "
-                 "push compiled graphs out", LABEL, total / 2**20, MAX_SHARE * 100)
+    if total > min(share, entry_room):
+        why = (f"more than {MAX_SHARE:.0%} of the cache's size cap (max_gb), they would push compiled graphs out"
+               if share <= entry_room else f"more than an entry of them may hold ({entry_room / 2**20:.0f} MiB)")
+        log.info("Kiln: %s (%.1f MiB) are not stored: %s", LABEL, total / 2**20, why)
         return
+    share = min(share, entry_room)
     start = time.perf_counter()
     files = {}
     for name in new + asked:

@@ -19,9 +19,13 @@ import logging
 import os
 import secrets
 import stat
+from typing import BinaryIO
 
 SIGNATURE_BYTES = 32  # HMAC-SHA256
 KEY_BYTES = 32
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a pipe never waits for a writer
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
 
 log = logging.getLogger("kiln")
 
@@ -58,15 +62,30 @@ def ensure_private_dir(path: str, check_parents: bool = True) -> str:
     if check_parents:
         check_parent_dirs(path)
     if not os.path.lexists(path):
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        if _posix():
-            os.chmod(path, 0o700)  # makedirs' mode is filtered by the umask
-        if check_parents:  # the folders makedirs made on the way, under the umask
+        _make_private_dirs(path)
+        if check_parents:  # the folders made on the way, and any another process made meanwhile
             check_parent_dirs(path)
     check_private(path, "directory")
     if not os.path.isdir(path):
         raise CacheTrustError(f"Kiln's cache directory {path} is a file, not a directory: choose another cache_dir")
     return path
+
+
+def _make_private_dirs(path: str) -> None:
+    """Create `path` and each missing folder above it, each 0700 (makedirs gives only the last its mode,
+    the others the umask's: 0775 under umask 002, which check_parent_dirs then refuses). A folder that
+    another process made meanwhile is left as it is."""
+    missing, here = [], os.path.abspath(path)
+    while not os.path.lexists(here) and os.path.dirname(here) != here:
+        missing.append(here)
+        here = os.path.dirname(here)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            continue
+        if _posix():
+            os.chmod(folder, 0o700)  # mkdir's mode is filtered by the umask
 
 
 def check_parent_dirs(path: str) -> None:
@@ -95,13 +114,15 @@ def check_parent_dirs(path: str) -> None:
 
 def check_private(path: str, what: str) -> None:
     """Raise CacheTrustError unless `path` is no symbolic link, belongs to this user and no one else
-    can write it (a key file: read it either)."""
+    can write it (a key file: read it either); anything but a "directory" must be a regular file."""
     if not _posix():
         return
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         raise CacheTrustError(f"Kiln's cache {what} {path} is a symbolic link: Kiln reads and writes compiled code only "
                               "in real files and folders of its own; remove the link")
+    if what != "directory" and not stat.S_ISREG(info.st_mode):
+        raise _not_a_file(path, what)
     if info.st_uid != os.getuid():
         raise CacheTrustError(f"Kiln's cache {what} {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): "
                               "Kiln will not load compiled code from it; choose a cache_dir of your own")
@@ -113,6 +134,23 @@ def check_private(path: str, what: str) -> None:
                               f"load compiled code from it; run chmod {'600' if what == 'key' else '700'} {path}")
 
 
+def open_private(path: str, what: str) -> BinaryIO:
+    """`path` opened for reading once check_private allows it: never through a symbolic link, never
+    waiting on a pipe (O_NONBLOCK, which changes nothing for a regular file), and only a regular file.
+    CacheTrustError says what is wrong; FileNotFoundError if there is none."""
+    check_private(path, what)
+    f = os.fdopen(os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _BINARY), "rb")
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped meanwhile, or on Windows
+        f.close()
+        raise _not_a_file(path, what)
+    return f
+
+
+def _not_a_file(path: str, what: str) -> CacheTrustError:
+    return CacheTrustError(f"Kiln's cache {what} {path} is not a regular file (a pipe, device or folder): Kiln reads "
+                           "compiled code only from files of its own; remove it")
+
+
 def signing_key(path: str) -> bytes:
     """The per-user key at `path`, made on first use (0600, in a 0700 folder). Two processes making
     it at once agree on one: the key is written aside and linked into place, which fails if another
@@ -120,7 +158,7 @@ def signing_key(path: str) -> bytes:
     ensure_private_dir(os.path.dirname(path))
     if not os.path.lexists(path):
         temp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o600)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(secrets.token_bytes(KEY_BYTES))
@@ -131,8 +169,7 @@ def signing_key(path: str) -> bytes:
         finally:
             os.unlink(temp)
         log.info("Kiln: made the cache signing key %s", path)
-    check_private(path, "key")
-    with open(path, "rb") as f:
+    with open_private(path, "key") as f:
         key = f.read(KEY_BYTES + 1)
     if len(key) != KEY_BYTES:
         raise CacheTrustError(f"Kiln's cache key {path} is damaged ({len(key)} bytes, not {KEY_BYTES}): delete it; the "
@@ -140,9 +177,11 @@ def signing_key(path: str) -> bytes:
     return key
 
 
+def signer(key: bytes):
+    """An HMAC-SHA256 to feed an entry's bytes piece by piece (`update`); its `digest()` is `sign`'s."""
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
 def sign(key: bytes, data: bytes) -> bytes:
     return hmac.new(key, data, hashlib.sha256).digest()
 
-
-def verify(key: bytes, data: bytes, signature: bytes) -> bool:
-    return hmac.compare_digest(sign(key, data), signature)

@@ -74,3 +74,36 @@ def test_list_shows_a_damaged_entry_and_goes_on(tmp_path, capsys):
     assert main(["cache", "--dir", str(tmp_path / "c"), "list"]) == 0
     out = capsys.readouterr().out
     assert "UNREADABLE" in out and "UNetModel graph a" in out
+
+
+def test_a_time_the_system_cannot_show_is_shown_as_unknown(tmp_path, capsys):
+    """An entry file's mtime set far off (or an imported `created` far off, now refused) once made
+    `kiln cache list` and `info` die with a traceback."""
+    from kiln.compiler.cache import commands
+
+    assert commands._when(1e300) == "?" and commands._when(float("nan")) == "?" and commands._when(0) == "-"
+    store = populate(tmp_path / "c")
+    try:
+        os.utime(store.path("a" * 32), (2**40, 2**40))
+    except (OSError, OverflowError):
+        return  # a file system that cannot hold such a time
+    assert main(["cache", "--dir", str(tmp_path / "c"), "list"]) == 0
+    assert "UNetModel graph a" in capsys.readouterr().out
+
+
+def test_import_of_a_compressed_or_truncated_file_is_one_line(tmp_path, capsys):
+    import tarfile
+
+    populate(tmp_path / "c")
+    bundle = str(tmp_path / "entries.tar")
+    assert main(["cache", "--dir", str(tmp_path / "c"), "export", bundle]) == 0
+    with tarfile.open(bundle, "r:") as tar, tarfile.open(str(tmp_path / "entries.tar.gz"), "w:gz") as packed:
+        for member in tar.getmembers():
+            packed.addfile(member, tar.extractfile(member))
+    data = open(bundle, "rb").read()
+    open(tmp_path / "cut.tar", "wb").write(data[:1200])  # inside the second entry
+    capsys.readouterr()
+    for name in ("entries.tar.gz", "cut.tar"):
+        assert main(["cache", "--dir", str(tmp_path / "other"), "import", str(tmp_path / name)]) == 1
+        out = capsys.readouterr().out
+        assert out.startswith("kiln cache import: ") and "not a whole file made by `kiln cache export`" in out

@@ -50,3 +50,32 @@ def test_fuzz_the_header_reader_only_refuses():
             except CacheEntryError:
                 outcomes["refused"] += 1
     assert outcomes["refused"] > 5000 and outcomes["read"] > 20  # both paths were exercised
+
+
+class _Endless:
+    """A file of `size` bytes that starts with `start`, then zeros; counts what is read from it."""
+
+    def __init__(self, start: bytes, size: int):
+        self.start, self.size, self.position, self.bytes_read = start, size, 0, 0
+
+    def read(self, n=-1):
+        n = self.size - self.position if n < 0 else min(n, self.size - self.position)
+        data = (self.start[self.position:self.position + n]).ljust(n, b"\0")
+        self.position += n
+        self.bytes_read += n
+        return data
+
+
+def test_an_entry_is_checked_from_its_start_before_the_rest_is_read():
+    """An entry file was read whole before its first bytes were looked at."""
+    import pytest
+
+    garbage = _Endless(b"\x80\x04 a pickle", 2**40)
+    with pytest.raises(CacheEntryError, match="not a Kiln cache entry"):
+        entry_module.read_entry(garbage, 2**40, "planted", signed_with=b"k" * 32)
+    assert garbage.bytes_read <= len(entry_module.MAGIC) + 8
+    text = json.dumps(dict(GOOD_HEADER, files=[["fxgraph/a", 2**40]])).encode()
+    claimed = _Endless(entry_module.MAGIC + struct.pack(">Q", len(text)) + text, 2**41)
+    with pytest.raises(CacheEntryError, match="more than the limit for an entry of compiled code"):
+        entry_module.read_entry(claimed, 2**41, "planted", signed_with=b"k" * 32)
+    assert claimed.bytes_read == len(entry_module.MAGIC) + 8 + len(text)

@@ -556,3 +556,52 @@ def test_anything_failing_before_the_thread_starts_leaves_them_to_the_first_lowe
     assert "made ready at the first lowering, not beside the capture (Input/output error)" in caplog.text
     _, _, event = cache.lower(FakeLowering(), dict(FIELDS, device="cpu"))
     assert event.outcome == "miss" and [name for name, _, _ in recorder.calls] == ["probe", "probe done", "restore"]
+
+
+def _plant(store, written):
+    """`written` signed with the store's key as it is, none of Kiln's write checks applied."""
+    from kiln.compiler.cache import trust
+
+    data = entry_module.encode(written)
+    open(store.path(written.key), "wb").write(data + trust.sign(store._key, data))
+
+
+@pytest.mark.parametrize("files", [{"fxgraph/entry": b"compiled", "fxgraph/entry/x": b"2"},
+                                   {"fxgraph/entry": b"compiled", "ke/" + "k" * 256: b"2"}])
+def test_a_signed_entry_whose_files_cannot_be_written_is_refused_and_the_cache_stays_on(tmp_path, files, caplog):
+    """Such an entry once turned the cache off for the model ("cannot use the cache directory") and
+    stayed, so that every start did the same."""
+    options = CacheOptions(dir=str(tmp_path))
+    store = CacheStore(str(tmp_path), options.max_bytes)
+    key = entry_key(FIELDS)
+    _plant(store, Entry(key=key, fields=dict(FIELDS), files=files, created=1.0))
+    lowering = FakeLowering()
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        compiled, _, event = GraphCache(options).lower(lowering, dict(FIELDS))
+    assert event.outcome == "miss" and "refused" in event.reason and lowering.compiles == 1 and compiled(5) == 5
+    assert f"refused cache entry {store.path(key)}" in caplog.text and "damaged header" in caplog.text
+    assert GraphCache(options).lower(FakeLowering(), dict(FIELDS))[2].outcome == "hit"  # stored afresh
+
+
+def test_a_needed_file_whose_name_the_entrys_own_files_take_is_left_out(tmp_path):
+    """Entry B's own file ke/k3.so makes ke a folder; the entry it needs has a file named ke."""
+    options = CacheOptions(dir=str(tmp_path))
+    store = CacheStore(str(tmp_path), options.max_bytes)
+    needed = Entry(key="a" * 32, fields={"graph": "A"}, files={"ke": b"kernel", "ke2/k/x.so": b"kernel"})
+    store.write(needed)
+    store.write(Entry(key=entry_key(FIELDS), fields=dict(FIELDS), files={
+        "fxgraph/entry": b"compiled", "ke/k3.so": b"kernel", "ke2/k": b"kernel",
+        "kiln-needs.json": json.dumps(["a" * 32]).encode()}))
+    lowering = FakeLowering()
+    _, _, event = GraphCache(options).lower(lowering, dict(FIELDS))
+    assert event.outcome == "hit" and lowering.compiles == 0
+
+
+def test_an_entry_too_large_to_store_leaves_the_cache_on(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(entry_module, "MAX_ENTRY_BYTES", 100)
+    options = CacheOptions(dir=str(tmp_path))
+    cache = GraphCache(options)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        _, _, event = cache.lower(FakeLowering(), dict(FIELDS))
+    assert event.outcome == "miss" and "not stored" in event.reason and "more than the limit" in event.reason
+    assert not cache.unavailable and cache.store() is not None

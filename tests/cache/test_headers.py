@@ -208,8 +208,13 @@ def test_a_link_or_a_pipe_named_as_a_header_is_not_read(tmp_path, folder):
 @pytest.mark.parametrize("name", ["sub/inner.h.gch", "kernel.so", "cabc.h", ".h.gch", "c" * 200 + ".h.gch",
                                   "x.h.gch\n", "../escape.h.gch"])
 def test_a_signed_entry_with_a_name_that_is_not_a_headers_writes_nothing(tmp_path, folder, name, caplog):
-    store(tmp_path).write(Entry(key=entry_key(headers.header_fields()), fields=headers.header_fields(),
-                                files={GCH: b"fine", name: b"payload"}))
+    from kiln.compiler.cache import trust
+    from kiln.compiler.cache.entry import encode
+
+    signed = store(tmp_path)  # signed as Kiln would, though Kiln's own write refuses a name outside the folder
+    data = encode(Entry(key=entry_key(headers.header_fields()), fields=headers.header_fields(),
+                        files={GCH: b"fine", name: b"payload"}, created=1.0))
+    open(signed.path(entry_key(headers.header_fields())), "wb").write(data + trust.sign(signed._key, data))
     with caplog.at_level(logging.WARNING, logger="kiln"):
         headers.restore(store(tmp_path))
     if name.startswith(".."):  # refused by the entry's own checks, before it is read as headers
@@ -468,3 +473,14 @@ def test_the_header_built_ahead_of_a_cpu_lowering_starts_after_the_cache_wrote_i
     GraphCache(CacheOptions(dir=str(tmp_path / "cache"))).lower(lower, fields)
     lowering._header_thread.join(timeout=10)
     assert order == ["restore", "ahead"]
+
+
+def test_headers_past_the_limit_of_an_entry_of_them_are_not_stored(tmp_path, folder, monkeypatch, caplog):
+    from kiln.compiler.cache import entry as entry_module
+
+    monkeypatch.setattr(entry_module, "MAX_HEADERS_ENTRY_BYTES", entry_module.MAX_HEADER_BYTES + 100)
+    headers.restore(store(tmp_path))
+    build(folder, GCH, b"gpch" + b"x" * 300)
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        headers.keep_new(store(tmp_path))
+    assert "are not stored: more than an entry of them may hold" in caplog.text and kept(tmp_path) is None
