@@ -5,10 +5,13 @@ queues a workflow at each resolution and batch size ahead of time.
 """
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import os
 import reprlib
+import socket
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -21,6 +24,9 @@ MAX_ANSWER_BYTES = 256 * 2**20  # a JSON answer; /object_info with many node pac
 MAX_IMAGE_BYTES = 1024 * 2**20  # an image a server sends (a 16-bit 8192x8192 PNG is under 512 MiB)
 MAX_NAME_TRIES = 1000  # name.png, name-1.png, ... name-999.png: past that the folder is full of this image
 MAX_NAME_BYTES = 200  # an image's file name; leaves room for '-999' under the usual 255-byte limit
+MAX_ERROR_LINES = 40  # lines of a failed prompt's error, or node errors of a rejected one, shown; the rest counted
+MAX_ERROR_FIELD = 500  # characters of one field of a rejection (its error, a node's message or details)
+READ_WAIT_SECONDS = 60.0  # the longest one read from the server waits for a byte (less when the timeout is shorter)
 
 
 class ComfyError(RuntimeError):
@@ -41,6 +47,11 @@ class PromptFailed(ComfyError):
 
 class PromptTimedOut(ComfyError):
     """The prompt did not finish in time; it may still be queued or running on the server."""
+
+
+class ServerTooSlow(ComfyError):
+    """The server's answer to a request did not come whole within the client's timeout, or nothing came
+    for READ_WAIT_SECONDS; the message names the request."""
 
 
 class ServerAnswerError(ComfyError):
@@ -68,10 +79,20 @@ def printable(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def listing(items, most: int = 8) -> str:
+    """'a, b, c and 5 more': the first `most` items, each printable() and cut to 80 characters; 'none'."""
+    items = list(items)
+    if not items:
+        return "none"
+    shown_items = ", ".join(printable(item, 80) for item in items[:most])
+    return shown_items + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
 _KINDS = {dict: "a JSON object", list: "a list", str: "a string"}
 
 
-def _kind(value) -> str:
+def json_kind(value) -> str:
+    """What a JSON value is, for an error message: 'a JSON object', 'a list', 'a number', 'null', ..."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -86,7 +107,7 @@ def require(value, kind: type, where: str):
     ("/prompt's answer") was instead."""
     if isinstance(value, kind):
         return value
-    raise ServerAnswerError(f"the server sent {where} as {_kind(value)}, not {_KINDS[kind]}: {shown(value)}")
+    raise ServerAnswerError(f"the server sent {where} as {json_kind(value)}, not {_KINDS[kind]}: {shown(value)}")
 
 
 def optional(parent: dict, key: str, kind: type, where: str):
@@ -102,13 +123,17 @@ class ComfyClient:
         self.client_id = uuid.uuid4().hex
 
     def _open(self, path: str, body: Optional[dict] = None):
+        """The server's answer to a request, its body still to read: all of it, head and body, must come
+        within the client's timeout (ServerTooSlow, naming the request, if not)."""
         data = json.dumps(body).encode() if body is not None else None
+        deadline = Deadline(self.timeout)
         try:
             if urllib.parse.urlsplit(self.server).scheme not in ("http", "https"):
                 raise ValueError("it does not start with http:// or https://")
             request = urllib.request.Request(self.server + path, data=data,
                                              headers={"Content-Type": "application/json"})
-            return urllib.request.urlopen(request, timeout=60)
+            opener = urllib.request.build_opener(_DeadlineHTTPHandler(deadline), _DeadlineHTTPSHandler(deadline))
+            return opener.open(request, timeout=deadline.wait())
         except urllib.error.HTTPError as exc:
             with exc:
                 detail = _read_answer(exc, path).decode(errors="replace")
@@ -119,9 +144,13 @@ class ComfyClient:
             raise ComfyError(f"{self.server!r} is not a server address such as http://127.0.0.1:8188 ({exc})") from None
         except http.client.HTTPException as exc:  # after the connection was made: no answer, or not an HTTP one
             raise ServerAnswerError(f"the server sent no HTTP answer to {path} ({_why(exc)})") from None
+        except TimeoutError as exc:  # connected and asked, but the answer's head did not come in time
+            raise _too_slow(path, exc) from None
         except (urllib.error.URLError, OSError) as exc:
-            raise ComfyUnreachable(f"cannot reach ComfyUI at {self.server} ({getattr(exc, 'reason', exc)}): "
-                                   "is it running?") from None
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, DeadlinePassed):  # connected, but sending the request took past the timeout
+                raise _too_slow(path, reason) from None
+            raise ComfyUnreachable(f"cannot reach ComfyUI at {self.server} ({reason}): is it running?") from None
 
     def _request(self, path: str, body: Optional[dict] = None) -> Any:
         """The JSON an endpoint answers (None for an empty answer). ServerAnswerError if the answer is
@@ -189,8 +218,11 @@ class ComfyClient:
         made new: a file or link of that name already there gets name-1.png (name-2.png, ...) beside
         it, never overwritten or followed. Nothing is left behind if the download breaks."""
         name = image_file_name(image.get("filename"), "the image to download")
-        query = urllib.parse.urlencode({"filename": image["filename"], "subfolder": image.get("subfolder", ""),
-                                        "type": image.get("type", "output")})
+        # a null subfolder or type (history_record lets them through) is sent as the server's default, not "None"
+        subfolder, kind = image.get("subfolder"), image.get("type")
+        query = urllib.parse.urlencode({"filename": image["filename"],
+                                        "subfolder": "" if subfolder is None else subfolder,
+                                        "type": "output" if kind is None else kind})
         with self._open(f"/view?{query}") as response:
             path, file = _create_new_file(Path(folder), name)
             try:
@@ -262,8 +294,8 @@ def image_file_name(name, where: str) -> str:
 def node_definitions(answer) -> dict:
     """/object_info's answer, checked to have the shape workflow.py reads: {class name: {"input":
     {"required" or "optional": {input name: [type or options, ...]}, "hidden": {...}}, "input_order":
-    {section: [input name, ...]}, "output": [...]}}. ServerAnswerError names the node and the part that
-    is not."""
+    {section: [input name, ...]}, "output": [...], "display_name": text}}. ServerAnswerError names the
+    node and the part that is not."""
     definitions = require(answer, dict, "/object_info's answer")
     for name, info in definitions.items():
         where = f"node {shown(name)} in /object_info's answer"
@@ -282,13 +314,17 @@ def node_definitions(answer) -> dict:
                 raise ServerAnswerError(f"the server sent input_order {shown(section)} of {where} with a name "
                                         f"that is not a string: {shown(names)}")
         optional(info, "output", list, where)
+        optional(info, "display_name", str, where)  # a converted UI workflow's node titles come from it
     return definitions
 
 
 def _read_answer(response, path: str, limit: int = MAX_ANSWER_BYTES) -> bytes:
-    """A whole answer's body; ServerAnswerError if it is cut short or longer than `limit` bytes."""
+    """A whole answer's body; ServerAnswerError if it is cut short or longer than `limit` bytes,
+    ServerTooSlow if it does not come within the request's deadline (its socket's)."""
     try:
         body = response.read(limit + 1)
+    except TimeoutError as exc:
+        raise _too_slow(path, exc) from None
     except (http.client.HTTPException, OSError) as exc:  # IncompleteRead, a chunk cut off, a reset
         raise ServerAnswerError(f"the server sent {path}'s answer cut short ({_why(exc)})") from None
     if len(body) > limit:
@@ -299,11 +335,13 @@ def _read_answer(response, path: str, limit: int = MAX_ANSWER_BYTES) -> bytes:
 
 def _copy_answer(response, file, path: str) -> None:
     """Write an answer's body to `file` as it comes; ServerAnswerError if it is cut short or longer
-    than MAX_IMAGE_BYTES (a server cannot fill the disk)."""
+    than MAX_IMAGE_BYTES (a server cannot fill the disk), ServerTooSlow past the request's deadline."""
     copied = 0
     while True:
         try:
             chunk = response.read(2**20)
+        except TimeoutError as exc:
+            raise _too_slow(path, exc) from None
         except (http.client.HTTPException, OSError) as exc:
             raise ServerAnswerError(f"the server sent {path}'s answer cut short ({_why(exc)})") from None
         if not chunk:
@@ -328,6 +366,126 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {shown(str(exc))}"
 
 
+# ---------------------------------------------------------------------------------------------------
+# a deadline on each request: a server that sends a byte now and then must not hold the client forever
+
+class DeadlinePassed(TimeoutError):
+    """A request's time ran out while its answer was still coming."""
+
+
+class Deadline:
+    """The time a request must be done by (time.monotonic() + `seconds`)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+
+    def wait(self) -> float:
+        """How long the next read (or send, or connect) may wait: the time left, at most READ_WAIT_SECONDS.
+        DeadlinePassed when no time is left."""
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise self.passed()
+        return min(left, READ_WAIT_SECONDS)
+
+    def passed(self) -> DeadlinePassed:
+        return DeadlinePassed(f"not all of it came within {self.seconds:g}s, the client's timeout")
+
+
+class _UntilDeadline:
+    """A socket whose every read and send waits only until its deadline (self.deadline, a Deadline, set
+    after it is made), so that no number of slow reads together outlasts it: http.client reads the head,
+    each chunk's size line and the body through recv_into."""
+
+    deadline: Optional[Deadline] = None
+
+    def _waiting(self, operation, *args, **kwargs):
+        if self.deadline is None:
+            return operation(*args, **kwargs)
+        wait = self.deadline.wait()
+        self.settimeout(wait)
+        try:
+            return operation(*args, **kwargs)
+        except TimeoutError:
+            if wait < READ_WAIT_SECONDS:  # the deadline was the limit, not READ_WAIT_SECONDS of silence
+                raise self.deadline.passed() from None
+            raise
+
+    def recv_into(self, *args, **kwargs):
+        return self._waiting(super().recv_into, *args, **kwargs)
+
+    def sendall(self, *args, **kwargs):
+        return self._waiting(super().sendall, *args, **kwargs)
+
+
+class _DeadlineSocket(_UntilDeadline, socket.socket):
+    pass
+
+
+class _DeadlineSSLSocket(_UntilDeadline, ssl.SSLSocket):
+    pass
+
+
+def _connect(deadline: Deadline, address, timeout=None, source_address=None) -> _DeadlineSocket:
+    """A connection to `address` (http.client's _create_connection) whose reads keep to `deadline`."""
+    sock = socket.create_connection(address, deadline.wait(), source_address)
+    deadline_sock = _DeadlineSocket(fileno=sock.detach())
+    deadline_sock.settimeout(deadline.wait())
+    deadline_sock.deadline = deadline
+    return deadline_sock
+
+
+class _DeadlineHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, *args, deadline: Deadline, **kwargs):
+        super().__init__(*args, **kwargs)
+        # the one hook http.client has for how connect() makes its socket (an attribute since Python 3.2;
+        # tests/client/test_comfy.py's trickling servers fail without it)
+        self._create_connection = functools.partial(_connect, deadline)
+
+
+class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, *args, deadline: Deadline, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+        self._create_connection = functools.partial(_connect, deadline)
+
+    def connect(self):
+        super().connect()  # the TLS handshake waits at most the plain socket's timeout: deadline.wait()
+        self.sock.deadline = self.deadline
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: Deadline):
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(_DeadlineHTTPConnection, req, deadline=self.deadline)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: Deadline):
+        super().__init__(context=_tls_context())  # given: Python 3.12's handler would make one per request
+        self.deadline = deadline
+
+    def https_open(self, req):
+        return self.do_open(_DeadlineHTTPSConnection, req, context=self._context, deadline=self.deadline)
+
+
+@functools.lru_cache(maxsize=None)
+def _tls_context() -> ssl.SSLContext:
+    """The default verifying TLS context (made once: it loads the system's certificates), its sockets
+    keeping to their request's deadline."""
+    context = ssl.create_default_context()
+    context.sslsocket_class = _DeadlineSSLSocket
+    return context
+
+
+def _too_slow(path: str, exc: TimeoutError) -> ServerTooSlow:
+    why = str(exc) if isinstance(exc, DeadlinePassed) else f"nothing came for {READ_WAIT_SECONDS:g}s"
+    return ServerTooSlow(f"the server was too slow answering {path}: {why}")
+
+
 def _create_new_file(folder: Path, name: str):
     """(path, file open for writing) of a file made new in `folder` under `name`, or name-1.png,
     name-2.png, ... when the name is taken (by a file, a folder or a symbolic link, which is never
@@ -347,24 +505,33 @@ def _create_new_file(folder: Path, name: str):
 
 
 def _rejection(detail: str) -> str:
-    """What ComfyUI's answer to a refused prompt (HTTP 400) says: its error, and each node's errors."""
+    """What ComfyUI's answer to a refused prompt (HTTP 400) says: its error, and each node's errors
+    (at most MAX_ERROR_LINES), each field cut to MAX_ERROR_FIELD characters without control characters."""
     try:
         answer = json.loads(detail)
     except (ValueError, RecursionError):
-        return f"ComfyUI rejected the prompt: {detail[:500]}"
+        return f"ComfyUI rejected the prompt: {printable(detail, MAX_ERROR_FIELD)}"
     where = "/prompt's rejection"
     answer = require(answer, dict, where)
     error = answer.get("error")
     if not isinstance(error, str):  # ComfyUI sends {"message", "details", ...}; older servers a line of text
         error = optional(answer, "error", dict, where)
-        error = f"{error.get('message', '')} {error.get('details', '')}"
-    lines = [f"ComfyUI rejected the prompt: {error}".strip()]
+        error = f"{_field(error.get('message', ''))} {_field(error.get('details', ''))}"
+    lines = [f"ComfyUI rejected the prompt: {_field(error)}".strip()]
     for node, info in optional(answer, "node_errors", dict, where).items():
         info = require(info, dict, f"node {shown(node)}'s errors in {where}")
         for problem in optional(info, "errors", list, f"node {shown(node)}'s errors in {where}"):
             problem = require(problem, dict, f"an error of node {shown(node)} in {where}")
-            lines.append(f"  node {node} ({info.get('class_type')}): {problem.get('message')}: {problem.get('details')}")
-    return "\n".join(lines)
+            lines.append(f"  node {_field(node)} ({_field(info.get('class_type'))}): {_field(problem.get('message'))}: "
+                         f"{_field(problem.get('details'))}")
+    more = len(lines) - 1 - MAX_ERROR_LINES
+    cut = [f"  ... and {more} more node error(s) not shown"] if more > 0 else []
+    return "\n".join(lines[:1 + MAX_ERROR_LINES] + cut)
+
+
+def _field(value) -> str:
+    """One field of a rejection as it may go on the terminal."""
+    return printable(value, MAX_ERROR_FIELD)
 
 
 def _execution_error(status: dict) -> str:
@@ -376,11 +543,13 @@ def _execution_error(status: dict) -> str:
 
 def execution_error_text(kind: str, data: dict) -> str:
     """What an execution_error or execution_interrupted message says, naming the node; the server's
-    text line by line without control characters (at most 40 lines)."""
+    text line by line without control characters (at most MAX_ERROR_LINES lines, then how many more)."""
     node = printable(f"node {data.get('node_id')} ({data.get('node_type')})")
     if kind == "execution_interrupted":
         return f"interrupted on the server at {node}"
-    message = "\n".join(printable(line, 1000) for line in str(data.get("exception_message", "")).strip().splitlines()[:40])
+    lines = str(data.get("exception_message", "")).strip().splitlines()
+    more = [f"... and {len(lines) - MAX_ERROR_LINES} more line(s)"] if len(lines) > MAX_ERROR_LINES else []
+    message = "\n".join([printable(line, 1000) for line in lines[:MAX_ERROR_LINES]] + more)
     return f"{node}: {printable(data.get('exception_type'))}: {message}"
 
 
@@ -409,8 +578,12 @@ def apply_sets(prompt: dict, sets: list[str]) -> dict:
         target, _, raw = item.partition("=")
         node, _, name = target.partition(".")
         if not _ or not name or node not in out:
-            raise ValueError(f"--set {item!r}: use NODE.INPUT=VALUE with a node id of the workflow ({', '.join(sorted(out))})")
-        out[node]["inputs"][name] = parse_value(raw)
+            raise ValueError(f"--set {item!r}: use NODE.INPUT=VALUE with a node id of the workflow "
+                             f"({listing(sorted(out), 50)})")
+        inputs = out[node].get("inputs") if isinstance(out[node], dict) else None
+        if not isinstance(inputs, dict):
+            raise ValueError(f"--set {item!r}: workflow node {node} has no 'inputs' (a JSON object) to set {name} in")
+        inputs[name] = parse_value(raw)
     return out
 
 

@@ -13,7 +13,10 @@ read back from the text.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import re
 import struct
 import time
 from dataclasses import dataclass, field
@@ -21,12 +24,20 @@ from dataclasses import dataclass, field
 from ..events import COMPILE_EVENT, WORK_PROGRESS, CompileEvent, WorkProgress
 from .comfy import (ComfyClient, PromptFailed, PromptTimedOut, ServerAnswerError, check_record, execution_error_text,
                     optional, printable, require, shown)
+from .workflow import MAX_NODE_ID_CHARS
 
 PROGRESS_TEXT = 3  # ComfyUI's BinaryEventTypes.TEXT
 QUIET_SECONDS = 10.0  # with no message for this long, the history says whether the prompt ended unseen
 HISTORY_WAIT_SECONDS = 10.0  # the history record is written just after the prompt's last message
 MAX_LINE = 1000  # characters of a line from the server or the workflow shown on the terminal
 MAX_COUNT = 1e15  # a progress value or max past this (or NaN, or infinite) is no count of steps
+MAX_KEPT = 1000  # Kiln lines, compile records, node ids kept per prompt; past this they are counted, not kept
+MAX_COMPILE_SECONDS = 1e6  # a compile record's time past this (11 days; or negative, NaN, infinite) is no time
+KILN_LINES_LEFT_OUT = f"lines from Kiln's nodes past the first {MAX_KEPT}"
+COMPILES_LEFT_OUT = f"compile records past the first {MAX_KEPT} (their time is in the total)"
+NODE_IDS_LEFT_OUT = f"node ids (run or cached) past the first {MAX_KEPT}"
+BAD_NODE_IDS_LEFT_OUT = (f"node ids from the server that are not a number or text of at most {MAX_NODE_ID_CHARS} "
+                         "characters")
 
 
 @dataclass
@@ -40,7 +51,18 @@ class PromptRun:
     cached: list[str] = field(default_factory=list)
     kiln_lines: list[str] = field(default_factory=list)
     kiln_compiles: list[dict] = field(default_factory=list)  # {"node": its title and id, "event": a CompileEvent}
+    compile_seconds: float = 0.0  # every compile record's, kept or not
+    left_out: dict[str, int] = field(default_factory=dict)  # what was not kept (KILN_LINES_LEFT_OUT, ...) -> how many
     record: dict | None = None
+
+    def keep(self, kept: list, item, what: str) -> bool:
+        """Add `item` to `kept` (one of this run's lists) while it holds fewer than MAX_KEPT; past that
+        count it in left_out under `what`. True if it was kept."""
+        if len(kept) < MAX_KEPT:
+            kept.append(item)
+            return True
+        self.left_out[what] = self.left_out.get(what, 0) + 1
+        return False
 
     @property
     def queue_seconds(self) -> float | None:
@@ -56,7 +78,7 @@ class PromptRun:
 
     @property
     def kiln_compile_seconds(self) -> float:
-        return sum(shown["event"].seconds for shown in self.kiln_compiles)
+        return self.compile_seconds
 
     @property
     def kiln_variants(self) -> list[str]:
@@ -132,17 +154,20 @@ def _event(message: dict, run: PromptRun, prompt: dict, display) -> bool:
     if kind == "execution_start":
         run.started = time.monotonic()
     elif kind == "execution_cached":
-        run.cached = [str(node) for node in optional(data, "nodes", list, where)]
+        run.cached = []
+        for node in optional(data, "nodes", list, where):
+            node_id = _node_id(node, run)
+            if node_id is not None:
+                run.keep(run.cached, node_id, NODE_IDS_LEFT_OUT)
     elif kind == "executing" and data.get("node") is not None:
-        node_id = str(data["node"])
-        run.executed.append(node_id)
-        display.node(node_id, _title(prompt, node_id))
+        node_id = _node_id(data["node"], run)
+        if node_id is not None:
+            run.keep(run.executed, node_id, NODE_IDS_LEFT_OUT)
+            display.node(node_id, _title(prompt, node_id))
     elif kind == COMPILE_EVENT:
-        try:
-            event = CompileEvent.from_message(data)
-        except ValueError as exc:
-            raise ServerAnswerError(f"the server sent {exc} in {where}: {shown(data)}") from None
-        run.kiln_compiles.append({"node": _title(prompt, str(data.get("node"))), "event": event})
+        event = _compile_event(data, where)
+        run.compile_seconds += event.seconds
+        run.keep(run.kiln_compiles, {"node": _title(prompt, str(data.get("node"))), "event": event}, COMPILES_LEFT_OUT)
     elif kind == WORK_PROGRESS:
         try:
             progress = WorkProgress.from_message(data)
@@ -163,6 +188,31 @@ def _event(message: dict, run: PromptRun, prompt: dict, display) -> bool:
     return False
 
 
+def _node_id(value, run: PromptRun) -> str | None:
+    """A node id the server sent, as text; None (counted in run.left_out) for one that is neither a
+    number nor text, or longer than MAX_NODE_ID_CHARS: no node of a workflow has such an id."""
+    text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    if text is None or len(text) > MAX_NODE_ID_CHARS:
+        run.left_out[BAD_NODE_IDS_LEFT_OUT] = run.left_out.get(BAD_NODE_IDS_LEFT_OUT, 0) + 1
+        return None
+    return text
+
+
+def _compile_event(data: dict, where: str) -> CompileEvent:
+    """The CompileEvent in a COMPILE_EVENT message: its seconds a time from 0 to MAX_COMPILE_SECONDS, its
+    text fields cut to MAX_LINE characters without control characters (they go on the terminal and into
+    --json). ServerAnswerError naming the field that is not."""
+    try:
+        event = CompileEvent.from_message(data)
+    except ValueError as exc:
+        raise ServerAnswerError(f"the server sent {exc} in {where}: {shown(data)}") from None
+    if not (math.isfinite(event.seconds) and 0 <= event.seconds <= MAX_COMPILE_SECONDS):
+        raise ServerAnswerError(f"the server sent a Kiln compile event whose 'seconds' is {event.seconds!r}, not a "
+                                f"time from 0 to {MAX_COMPILE_SECONDS:g} seconds, in {where}: {shown(data)}")
+    return dataclasses.replace(event, lowering=printable(event.lowering, MAX_LINE),
+                               reason=printable(event.reason, MAX_LINE), region=printable(event.region, MAX_LINE))
+
+
 def _count(data: dict, key: str, where: str) -> float:
     """A progress message's value or max: a number within +-MAX_COUNT (0 when absent)."""
     value = data.get(key, 0)
@@ -172,18 +222,34 @@ def _count(data: dict, key: str, where: str) -> float:
 
 
 def _progress_text(message: bytes, run: PromptRun, kiln_nodes: dict, display) -> None:
-    """A node's progress text; lines from Kiln's nodes while this prompt runs are kept, each behind the
-    node's title and id."""
+    """A node's progress text; lines from Kiln's nodes while this prompt runs are kept (MAX_KEPT of them;
+    the rest are counted in run.left_out), each behind the node's title and id, and shown."""
     if len(message) < 8 or struct.unpack(">I", message[:4])[0] != PROGRESS_TEXT or run.started is None:
         return  # previews and other binary messages, and text sent before this prompt started
     length = struct.unpack(">I", message[4:8])[0]
     node_id = message[8:8 + length].decode(errors="replace")
     if node_id not in kiln_nodes:
         return
-    for line in message[8 + length:].decode(errors="replace").splitlines():
-        if line.strip():
-            run.kiln_lines.append(f"{kiln_nodes[node_id]}: {printable(line.strip(), MAX_LINE)}")
-            display.note(run.kiln_lines[-1])
+    text = message[8 + length:].decode(errors="replace")
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        line, start = text[start:end].strip(), end + 1
+        if not line:
+            continue
+        if not run.keep(run.kiln_lines, f"{kiln_nodes[node_id]}: {printable(line, MAX_LINE)}", KILN_LINES_LEFT_OUT):
+            run.left_out[KILN_LINES_LEFT_OUT] += _count_lines(text, start)  # past the cap: the rest only counted
+            return
+        display.note(run.kiln_lines[-1])
+
+
+_TEXT_LINE = re.compile(r"[^\S\n]*\S[^\n]*")  # a line that is not blank: one match each
+
+
+def _count_lines(text: str, start: int) -> int:
+    """How many lines of `text` from `start` are not blank (at the regular expression engine's speed)."""
+    return sum(1 for _ in _TEXT_LINE.finditer(text, start))
 
 
 def _history(client: ComfyClient, run: PromptRun) -> dict:

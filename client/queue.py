@@ -5,16 +5,22 @@ queued and ran and what Kiln compiled for it.
     kiln queue workflow.json --sweep 3.seed=1,2,3 --sweep 5.batch_size=1,2 --json results.json
 
 The workflow is in API format (ComfyUI: Export (API)) or UI format (a saved workflow, converted with the
-server's node definitions; node ids stay the same). Before anything is queued it is checked against
-those definitions: a node, a model file or an input the server lacks stops it (exit 2). Each prompt is
-then submitted and followed over the websocket (progress on stderr) until it ends.
-Exit status: 0 all prompts ran, 1 a prompt failed or the server did not answer, 2 bad usage or workflow.
+server's node definitions; node ids stay the same). Before anything is queued its shape is checked
+(a node that is no JSON object, 'inputs' that are not one, ...: exit 2, naming the node and field), then,
+unless --no-check, it is checked against those definitions: a node, a model file or an input the server
+lacks stops it (exit 2). Each prompt is then submitted and followed over the websocket (progress on
+stderr) until it ends. With --out, at most MAX_IMAGES_PER_PROMPT images of a prompt are downloaded: its
+line says how many more there were, and the exit status is 1.
+Exit status: 0 all prompts ran (and, with --out, all their images were downloaded), 1 a prompt failed,
+the server did not answer (or too slowly) or a prompt's images were not all downloaded, 2 bad usage or
+workflow.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -26,7 +32,21 @@ from .follow import PromptRun, follow, poll
 from .progress_bar import ProgressBar
 from .report import Result, prompt_line, sweep_table
 from .websocket import WebSocket, WebSocketError
-from .workflow import check_prompt, is_ui_format, ui_to_api
+from .workflow import check_prompt, check_workflow, is_ui_format, load_workflow, problems_shown, ui_to_api
+
+WEBSOCKET_CONNECT_SECONDS = 10.0  # the websocket's handshake, at most (or the timeout, if shorter)
+MAX_IMAGES_PER_PROMPT = 1000  # images downloaded for one prompt (--out); the rest are counted, not downloaded
+
+
+def seconds(text: str) -> float:
+    """--timeout's value: a number of seconds above 0 (argparse refuses nan, inf, 0 and less)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,22 +64,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="download each prompt's images into DIR")
     parser.add_argument("--json", metavar="FILE", help="write one record per prompt (timings, Kiln's compiles, "
                         "images) to FILE")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for each prompt (default 3600)")
+    parser.add_argument("--timeout", type=seconds, default=3600.0, help="seconds to wait for each prompt, and for "
+                        "each answer of the server (default 3600)")
     parser.add_argument("--no-check", action="store_true", help="queue without checking the workflow against the "
                         "server's node definitions first (the server still validates it)")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        with open(args.workflow) as f:
-            workflow = json.load(f)
-        if not isinstance(workflow, dict):
-            raise ValueError(f"{args.workflow}: not a ComfyUI workflow (a JSON object of nodes)")
+        workflow = load_workflow(args.workflow)
+        check_workflow(workflow)
         sweeps = [parse_sweep(item) for item in args.sweep]
         if args.repeat < 1:
             raise ValueError(f"--repeat {args.repeat}: give 1 or more")
-    except (OSError, ValueError) as exc:
-        return _fail(f"{args.workflow}: {exc}" if isinstance(exc, json.JSONDecodeError) else str(exc), 2)
+    except ValueError as exc:
+        return _fail(str(exc), 2)
     client = ComfyClient(args.server, timeout=args.timeout)
     try:
         object_info = client.object_info()
@@ -73,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.no_check:
         problems = list(dict.fromkeys(problem for _, job in jobs for problem in check_prompt(job, object_info)))
         if problems:
-            return _fail("the server cannot run this workflow:\n  " + "\n  ".join(problems), 2)
+            return _fail("the server cannot run this workflow:\n  " + "\n  ".join(problems_shown(problems)), 2)
     return run_all(client, jobs, args)
 
 
@@ -101,7 +120,8 @@ def expand(prompt: dict, sweeps: list[tuple[str, list[str]]], repeat: int) -> li
 def run_all(client: ComfyClient, jobs: list[tuple[dict, dict]], args: argparse.Namespace,
             command: str = "kiln queue") -> int:
     """Queue each (swept settings, prompt) in turn and report it; args has out, json and timeout;
-    `command` names the command in what goes wrong. The exit status: 0 if every prompt ran, else 1."""
+    `command` names the command in what goes wrong. The exit status: 0 if every prompt ran (and had all its
+    images downloaded, with out), else 1."""
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     ws = _open_websocket(client, command)
@@ -140,13 +160,14 @@ def run_all(client: ComfyClient, jobs: list[tuple[dict, dict]], args: argparse.N
         print(f"{command}: stopped after prompt {len(results)} of {len(jobs)}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps([r.as_json() for r in results], indent=2) + "\n")
-    return 0 if len(results) == len(jobs) and all(r.status == "ok" for r in results) else 1
+    return 0 if len(results) == len(jobs) and all(r.status == "ok" and not r.images_not_downloaded
+                                                  for r in results) else 1
 
 
 def _open_websocket(client: ComfyClient, command: str):
     url = client.websocket_url()
     try:
-        return WebSocket.connect(url, timeout=10)
+        return WebSocket.connect(url, timeout=min(WEBSOCKET_CONNECT_SECONDS, client.timeout))
     except (OSError, WebSocketError) as exc:
         print(f"{command}: cannot open ComfyUI's websocket at {url} ({exc}): following the prompts by polling "
               "/history instead (no progress, no Kiln compile lines, each prompt's total time only)", file=sys.stderr)
@@ -179,9 +200,11 @@ def _fill(result: Result, run: PromptRun, followed: bool, client: ComfyClient, o
         result.kiln_variants, result.kiln_lines = run.kiln_variants, run.kiln_lines
         result.kiln_compiles = [{"node": shown["node"], "event": asdict(shown["event"])} for shown in run.kiln_compiles]
         result.nothing_ran = not run.executed
+        result.left_out = dict(run.left_out)
     images = output_images(run.record)
     if out:
-        result.images, result.downloaded = [str(client.download(image, Path(out))) for image in images], True
+        result.images = [str(client.download(image, Path(out))) for image in images[:MAX_IMAGES_PER_PROMPT]]
+        result.downloaded, result.images_not_downloaded = True, len(images[MAX_IMAGES_PER_PROMPT:])
     else:
         result.images = [image["filename"] for image in images]
 

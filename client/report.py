@@ -24,6 +24,8 @@ class Result:
     kiln_compiles: list = field(default_factory=list)  # {"node": title (id), "event": a CompileEvent's fields}
     images: list = field(default_factory=list)  # downloaded paths, or the server's file names
     downloaded: bool = False
+    images_not_downloaded: int = 0  # with --out, past queue.MAX_IMAGES_PER_PROMPT: counted, not downloaded
+    left_out: dict = field(default_factory=dict)  # what the server sent past kiln's caps (follow.py) -> how many
     nothing_ran: bool = False  # ComfyUI's cache had every output
 
     def as_json(self) -> dict:
@@ -56,9 +58,13 @@ def prompt_line(result: Result, count: int) -> str:
             parts.append("Kiln compiled nothing")
     parts.append(f"{len(result.images)} image(s)" + (f" -> {', '.join(result.images)}" if result.downloaded and
                                                       result.images else ""))
+    if result.images_not_downloaded:
+        parts.append(f"{result.images_not_downloaded} more image(s) NOT downloaded (kiln queue downloads at most "
+                     f"{len(result.images)} per prompt)")
     if result.nothing_ran:
         parts.append("nothing ran (ComfyUI's cache had every output)")
-    return "\n".join([f"{head}: {', '.join(parts)}"] + [f"  {line}" for line in result.kiln_lines])
+    left_out = [f"  left out: {count} {what}" for what, count in result.left_out.items()]
+    return "\n".join([f"{head}: {', '.join(parts)}"] + [f"  {line}" for line in result.kiln_lines] + left_out)
 
 
 def sweep_table(results: list[Result]) -> str:

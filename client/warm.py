@@ -4,10 +4,11 @@ so the first prompt after a restart loads Kiln's cache at full speed. Each shape
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 
 from .comfy import ComfyClient, apply_sets, parse_shapes, with_shape
-from .queue import run_all
+from .queue import run_all, seconds
+from .workflow import check_api_workflow, load_workflow
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="NODE.INPUT=VALUE",
                         help="change an input first, e.g. --set 4.ckpt_name=sd_xl_base_1.0.safetensors")
     parser.add_argument("--steps", type=int, default=1, help="sampling steps per warm-up prompt (default 1)")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for each prompt")
+    parser.add_argument("--timeout", type=seconds, default=3600.0, help="seconds to wait for each prompt, and for "
+                        "each answer of the server (default 3600)")
 
 
 def uses_kiln_cache(workflow: dict) -> bool:
@@ -32,13 +34,14 @@ def uses_kiln_cache(workflow: dict) -> bool:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        with open(args.workflow) as f:
-            workflow = apply_sets(json.load(f), args.set)
+        workflow = load_workflow(args.workflow)
+        check_api_workflow(workflow)
+        workflow = apply_sets(workflow, args.set)
         shapes = parse_shapes(args.shapes)
         jobs = [({"size": f"{width}x{height}", "batch": batch}, with_shape(workflow, width, height, batch, steps=args.steps))
                 for width, height, batch in shapes]
-    except (OSError, ValueError) as exc:
-        print(f"kiln warm: {exc}")
+    except ValueError as exc:
+        print(f"kiln warm: {exc}", file=sys.stderr)
         return 2
     if not uses_kiln_cache(workflow):
         print("kiln warm: note: this workflow has no Kiln › Cache Graph node (nor `cache:` in Compile UNet's advanced "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import reprlib
 import socket
 import ssl
 import struct
@@ -22,6 +23,9 @@ import urllib.parse
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
 CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 MAX_MESSAGE_BYTES = 256 * 2**20  # a preview image is well under this; more means a broken stream
+
+_SHORT = reprlib.Repr()  # the server's status line in an error: quoted, control characters escaped, cut short
+_SHORT.maxstring = 80
 
 
 class WebSocketError(ConnectionError):
@@ -119,8 +123,10 @@ class WebSocket:
 
     @classmethod
     def connect(cls, url: str, timeout: float = 10.0, headers: dict | None = None) -> "WebSocket":
-        """Open `url` (ws:// or wss://) and do the opening handshake. WebSocketError says why it failed;
+        """Open `url` (ws:// or wss://) and do the opening handshake, all within `timeout` seconds (a server
+        that answers a byte now and then cannot hold it longer). WebSocketError says why it failed;
         OSError if the host cannot be reached."""
+        deadline = time.monotonic() + timeout
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("ws", "wss"):
             raise WebSocketError(f"{url}: a websocket URL starts with ws:// or wss://")
@@ -135,9 +141,10 @@ class WebSocket:
                      f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
             lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
             sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-            status, answer, rest = _read_http_head(sock)
+            status, answer, rest = _read_http_head(sock, deadline, timeout)
             if status.split()[1:2] != ["101"]:
-                raise WebSocketError(f"{url}: the server answered {status!r} instead of switching to a websocket")
+                raise WebSocketError(f"{url}: the server answered {_SHORT.repr(status)} instead of switching to a "
+                                     "websocket")
             if answer.get("sec-websocket-accept") != accept_key(key):
                 raise WebSocketError(f"{url}: the server's Sec-WebSocket-Accept does not match the key sent")
         except BaseException:
@@ -264,11 +271,22 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else " " for c in text).strip()
 
 
-def _read_http_head(sock: socket.socket) -> tuple[str, dict, bytes]:
-    """The status line and headers (lower-case names) of an HTTP answer, and any bytes after them."""
+def _read_http_head(sock: socket.socket, deadline: float, timeout: float) -> tuple[str, dict, bytes]:
+    """The status line and headers (lower-case names) of an HTTP answer, and any bytes after them;
+    WebSocketError if they have not all come by `deadline` (time.monotonic(); `timeout` seconds after
+    the connection began)."""
+    too_slow = WebSocketError(f"the server was too slow: its websocket handshake answer did not come whole within "
+                              f"{timeout:g}s")
     data = b""
     while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise too_slow
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:  # socket.timeout is TimeoutError since Python 3.10
+            raise too_slow from None
         if not chunk:
             raise WebSocketError("the server closed the connection during the websocket handshake")
         data += chunk

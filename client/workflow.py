@@ -15,6 +15,12 @@ from __future__ import annotations
 
 import json
 
+from .comfy import json_kind, listing, printable, shown
+
+MAX_WORKFLOW_BYTES = 64 * 2**20  # a workflow file; a large one with embedded notes is a few MiB
+MAX_WORKFLOW_DEPTH = 100  # JSON nesting; ComfyUI's formats need under 10 levels, a widget value a few more
+MAX_NODE_ID_CHARS = 200  # a node id: '12', '12:5' inside a subgraph, '12.0.1' for a node the server expands
+MAX_PROBLEMS_SHOWN = 20  # problems listed for a workflow the server cannot run; the rest are counted
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 SEED_NAMES = ("seed", "noise_seed")  # INT inputs the frontend gives a "control after generate" widget by name
 MUTED, BYPASSED = 2, 4
@@ -41,6 +47,200 @@ class WorkflowError(ValueError):
 def is_ui_format(workflow) -> bool:
     """True for the frontend's format ({"nodes": [...], "links": [...]}), False for the API format."""
     return isinstance(workflow, dict) and isinstance(workflow.get("nodes"), list)
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading a workflow file and checking its shape: a workflow is untrusted (shared, downloaded)
+
+def load_workflow(path: str) -> dict:
+    """The JSON object in a workflow file. WorkflowError naming the file if it cannot be read, is over
+    MAX_WORKFLOW_BYTES, is not UTF-8 or not JSON, nests deeper than MAX_WORKFLOW_DEPTH or is no object."""
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_WORKFLOW_BYTES + 1)
+    except OSError as exc:
+        raise WorkflowError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_WORKFLOW_BYTES:
+        raise WorkflowError(f"{path}: larger than {MAX_WORKFLOW_BYTES} bytes: not a ComfyUI workflow")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise WorkflowError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    too_deep = WorkflowError(f"{path}: JSON nested more than {MAX_WORKFLOW_DEPTH} levels deep: not a ComfyUI workflow")
+    try:
+        workflow = json.loads(text)
+    except RecursionError:  # nested past what json can read: far deeper than MAX_WORKFLOW_DEPTH
+        raise too_deep from None
+    except ValueError as exc:
+        raise WorkflowError(f"{path}: {exc}") from None
+    if _nested_deeper_than(workflow, MAX_WORKFLOW_DEPTH):
+        raise too_deep
+    if not isinstance(workflow, dict):
+        raise WorkflowError(f"{path}: not a ComfyUI workflow (a JSON object of nodes)")
+    return workflow
+
+
+def _nested_deeper_than(value, most: int) -> bool:
+    """True if lists and objects in `value` nest more than `most` levels deep (counted without recursion)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if depth > most:
+            return True
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        pending += [(child, depth + 1) for child in children if isinstance(child, (dict, list))]
+    return False
+
+
+def check_workflow(workflow: dict) -> None:
+    """WorkflowError naming the node and field where a workflow (UI or API format) is not the shape kiln
+    reads; nothing is sent to a server before this passes."""
+    if is_ui_format(workflow):
+        check_ui_workflow(workflow)
+    else:
+        check_api_workflow(workflow)
+
+
+def check_api_workflow(prompt: dict) -> None:
+    """WorkflowError for the first node of an API-format workflow that is not {"class_type": a name,
+    "inputs": {...}, "_meta": {"title": text}} (_meta optional) under an id of printable text."""
+    if is_ui_format(prompt):
+        raise WorkflowError("this is a UI-format workflow: export it with 'Save (API)' (ComfyUI's API format)")
+    for node_id, node in prompt.items():
+        problem = api_node_problem(node_id, node)
+        if problem:
+            raise WorkflowError(problem)
+
+
+def api_node_problem(node_id: str, node) -> str | None:
+    """What is wrong with the shape of one node of an API-format workflow, naming the field; None if nothing."""
+    where = f"workflow node {_shown_id(node_id)}"
+    id_problem = node_id_problem(node_id)
+    if id_problem:
+        return f"{where}: its id {id_problem}"
+    if not isinstance(node, dict):
+        return f"{where}: must be a JSON object with 'class_type' and 'inputs', not {json_kind(node)} " \
+               "(is this an API-format workflow?)"
+    if "class_type" not in node:
+        return f"{where}: no 'class_type' (is this an API-format workflow?)"
+    if not isinstance(node["class_type"], str) or not node["class_type"]:
+        return f"{where}: 'class_type' must be a node's name, not {shown(node['class_type'])}"
+    if "inputs" not in node:
+        return f"{where}: no 'inputs' (a JSON object of input name -> value, {{}} for none)"
+    if not isinstance(node["inputs"], dict):
+        return f"{where}: 'inputs' must be a JSON object, not {json_kind(node['inputs'])}"
+    meta = node.get("_meta")
+    if meta is not None and not isinstance(meta, dict):
+        return f"{where}: '_meta' must be a JSON object, not {json_kind(meta)}"
+    if meta is not None and meta.get("title") is not None and not isinstance(meta["title"], str):
+        return f"{where}: '_meta' 'title' must be a string, not {json_kind(meta['title'])}"
+    return None
+
+
+def node_id_problem(node_id) -> str | None:
+    """Why `node_id` is no node id (a string of printable text, at most MAX_NODE_ID_CHARS); None if it is one."""
+    if not isinstance(node_id, str):
+        return f"must be a string, not {json_kind(node_id)}"
+    if not node_id:
+        return "is empty"
+    if len(node_id) > MAX_NODE_ID_CHARS:
+        return f"is {len(node_id)} characters long (the most kiln takes is {MAX_NODE_ID_CHARS})"
+    if not node_id.isprintable():
+        return "has control characters"
+    return None
+
+
+def _shown_id(node_id) -> str:
+    return node_id if isinstance(node_id, str) and not node_id_problem(node_id) else shown(node_id)
+
+
+def check_ui_workflow(workflow: dict) -> None:
+    """WorkflowError for the first node or link of a UI-format workflow that is not the shape ui_to_api
+    reads, naming it and the field."""
+    definitions = workflow.get("definitions")
+    if definitions is not None and not isinstance(definitions, dict):
+        raise WorkflowError(f"workflow 'definitions' must be a JSON object, not {json_kind(definitions)}")
+    links = workflow.get("links")
+    if links is not None and not isinstance(links, list):
+        raise WorkflowError(f"workflow 'links' must be a list, not {json_kind(links)}")
+    seen = set()
+    for index, node in enumerate(workflow["nodes"]):
+        node_id = _ui_node_id(index, node)
+        if node_id in seen:
+            raise WorkflowError(f"workflow node {node_id}: two nodes in 'nodes' have this id")
+        seen.add(node_id)
+        problem = _ui_node_problem(node)
+        if problem:
+            raise WorkflowError(f"workflow node {node_id}: {problem}")
+    for index, link in enumerate(links or []):
+        ui_link(index, link)
+
+
+def _ui_node_id(index: int, node) -> str:
+    """A UI-format node's id as the API format has it (a string); WorkflowError if it has none."""
+    where = f"workflow 'nodes' entry {index}"
+    if not isinstance(node, dict):
+        raise WorkflowError(f"{where}: must be a JSON object (a node), not {json_kind(node)}: {shown(node)}")
+    if "id" not in node:
+        raise WorkflowError(f"{where}: no 'id'")
+    node_id = node["id"]
+    if isinstance(node_id, bool) or not isinstance(node_id, (int, str)):
+        raise WorkflowError(f"{where}: 'id' must be a whole number or a string, not {json_kind(node_id)}")
+    problem = node_id_problem(str(node_id))
+    if problem:
+        raise WorkflowError(f"{where}: 'id' {problem}")
+    return str(node_id)
+
+
+def _ui_node_problem(node: dict) -> str | None:
+    """What is wrong with the fields of a UI-format node that ui_to_api reads; None if nothing."""
+    if not isinstance(node.get("type"), str) or not node["type"]:
+        return f"'type' must be a node's name, not {shown(node.get('type'))}"
+    for key, kinds, wanted in (("mode", int, "a whole number"), ("title", str, "a string"),
+                               ("inputs", list, "a list"), ("outputs", list, "a list"),
+                               ("widgets_values", (list, dict), "a list or a JSON object")):
+        value = node.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            return f"{key!r} must be {wanted}, not {json_kind(value)}"
+    for index, entry in enumerate(node.get("inputs") or []):
+        if not isinstance(entry, dict):
+            return f"'inputs' entry {index} must be a JSON object, not {json_kind(entry)}"
+        if not isinstance(entry.get("name"), str):
+            return f"'inputs' entry {index}: 'name' must be a string, not {json_kind(entry.get('name'))}"
+        link = entry.get("link")
+        if link is not None and not _whole(link):
+            return f"input {printable(entry['name'])!r}: 'link' must be a link's id (a whole number) or null, " \
+                   f"not {json_kind(link)}"
+    for index, entry in enumerate(node.get("outputs") or []):
+        if not isinstance(entry, dict):
+            return f"'outputs' entry {index} must be a JSON object, not {json_kind(entry)}"
+    return None
+
+
+def ui_link(index: int, link) -> tuple:
+    """(id, origin node id, origin slot) of entry `index` of a UI-format workflow's links: the older
+    [id, origin node, origin slot, target node, target slot, type] or the newer {"id", "origin_id",
+    "origin_slot", ...}. WorkflowError naming the entry and the field that is not."""
+    where = f"workflow 'links' entry {index}"
+    if isinstance(link, dict):
+        fields = [link.get(key) for key in ("id", "origin_id", "origin_slot")]
+    elif isinstance(link, list) and len(link) >= 3:
+        fields = link[:3]
+    else:
+        raise WorkflowError(f"{where}: must be [id, origin node, origin slot, target node, target slot, type] or "
+                            f"a JSON object, not {shown(link)}")
+    link_id, origin, slot = fields
+    if not _whole(link_id):
+        raise WorkflowError(f"{where}: its id must be a whole number, not {shown(link_id)}")
+    if isinstance(origin, bool) or not isinstance(origin, (int, str)) or node_id_problem(str(origin)):
+        raise WorkflowError(f"{where}: its origin node must be a node id, not {shown(origin)}")
+    if not _whole(slot) or slot < 0:
+        raise WorkflowError(f"{where}: its origin slot must be a whole number from 0, not {shown(slot)}")
+    return link_id, str(origin), slot
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -108,11 +308,12 @@ def ui_to_api(workflow: dict, object_info: dict) -> dict:
     WorkflowError names every node the server has no definition for, or a broken link."""
     if not is_ui_format(workflow):
         raise WorkflowError("not a UI-format workflow (no 'nodes' list)")
+    check_ui_workflow(workflow)
     if (workflow.get("definitions") or {}).get("subgraphs"):
         raise WorkflowError("this workflow has subgraphs, which kiln cannot convert: export it with "
                             "'Export (API)' in ComfyUI")
     graph = _UiGraph(workflow, object_info)
-    unknown = [f"the server has no node '{node['type']}' (node {node_id}): is its node pack installed?"
+    unknown = [f"the server has no node '{printable(node['type'])}' (node {node_id}): is its node pack installed?"
                for node_id, node in graph.nodes.items()
                if _runs(node) and node["type"] not in object_info and node["type"] not in VIRTUAL_NODES]
     if unknown:
@@ -132,7 +333,8 @@ def _runs(node: dict) -> bool:
 
 def _id_order(item) -> tuple:
     node_id = item[0]
-    return (0, int(node_id), "") if node_id.isdigit() else (1, 0, node_id)
+    digits = isinstance(node_id, str) and node_id.isascii() and node_id.isdigit()  # '²' is a digit to isdigit()
+    return (0, int(node_id), "") if digits else (1, 0, str(node_id))
 
 
 class _UiGraph:
@@ -140,13 +342,11 @@ class _UiGraph:
 
     def __init__(self, workflow: dict, object_info: dict):
         self.object_info = object_info
-        self.nodes = {str(node["id"]): node for node in workflow["nodes"]}
+        self.nodes = {str(node["id"]): node for node in workflow["nodes"]}  # shapes checked by check_ui_workflow
         self.links = {}  # link id -> (source node id, output slot)
-        for link in workflow.get("links") or []:
-            if isinstance(link, dict):  # the newer schema's links
-                self.links[link["id"]] = (str(link["origin_id"]), link["origin_slot"])
-            else:  # [id, origin node, origin slot, target node, target slot, type]
-                self.links[link[0]] = (str(link[1]), link[2])
+        for index, link in enumerate(workflow.get("links") or []):
+            link_id, origin, slot = ui_link(index, link)
+            self.links[link_id] = (origin, slot)
 
     def api_node(self, node_id: str) -> dict:
         node = self.nodes[node_id]
@@ -197,6 +397,9 @@ class _UiGraph:
                 link_id = (source.get("inputs") or [{}])[0].get("link")
             elif source["type"] == "PrimitiveNode" and source["type"] not in self.object_info:
                 values = source.get("widgets_values") or []
+                if not isinstance(values, list):
+                    raise WorkflowError(f"{where}: link {link_id} comes from PrimitiveNode {source_id}, whose "
+                                        f"'widgets_values' must be a list, not {json_kind(values)}")
                 return _wrap(values[0]) if values else None
             else:
                 return [source_id, slot]
@@ -266,35 +469,44 @@ def without_nodes(prompt: dict, class_types) -> dict:
 # checking an API-format prompt against the server's definitions
 
 def check_prompt(prompt: dict, object_info: dict) -> list[str]:
-    """What the server would refuse or could not run, each naming the node id and class: a node class
-    it lacks, a required input missing, an unknown input, a broken link, a link of the wrong type, a
-    combo value that is not one of its options (a model file the server does not have)."""
+    """What the server would refuse or could not run, each naming the node id and class: a node not in
+    the API format's shape, a node class it lacks, a required input missing, an unknown input, a broken
+    link, a link of the wrong type, a combo value that is not one of its options (a model file the server
+    does not have). The workflow's and the server's text in them is cut short and without control
+    characters (printable())."""
     problems = []
     for node_id, node in sorted(prompt.items(), key=_id_order):
-        if not isinstance(node, dict) or "class_type" not in node:
-            problems.append(f"node {node_id}: no class_type (is this an API-format workflow?)")
+        shape = api_node_problem(node_id, node)
+        if shape:
+            problems.append(shape)
             continue
         kind = node["class_type"]
         info = object_info.get(kind)
         if info is None:
-            problems.append(f"the server has no node '{kind}' (node {node_id}): is its node pack installed?")
+            problems.append(f"the server has no node '{printable(kind)}' (node {node_id}): is its node pack installed?")
             continue
-        problems += _check_node(f"node {node_id} ({kind})", node, info, prompt, object_info)
+        problems += _check_node(f"node {node_id} ({printable(kind)})", node, info, prompt, object_info)
     return problems
+
+
+def problems_shown(problems: list[str]) -> list[str]:
+    """The first MAX_PROBLEMS_SHOWN problems, and a line saying how many more there are."""
+    more = len(problems) - MAX_PROBLEMS_SHOWN
+    return problems[:MAX_PROBLEMS_SHOWN] + ([f"... and {more} more problem(s) not shown"] if more > 0 else [])
 
 
 def _check_node(where: str, node: dict, info: dict, prompt: dict, object_info: dict) -> list[str]:
     declared = dict(input_specs(info))
     sections = info.get("input") or {}
     dynamic = {name for name, spec in declared.items() if spec_type(spec) in DYNAMIC_TYPES}
-    inputs = node.get("inputs") or {}
-    problems = [f"{where}: required input '{name}' is missing" for name in sections.get("required") or {}
+    inputs = node["inputs"]
+    problems = [f"{where}: required input '{printable(name)}' is missing" for name in sections.get("required") or {}
                 if name not in inputs]
     for name, value in inputs.items():
         spec = declared.get(name)
         if spec is None:
             if name not in (sections.get("hidden") or {}) and name.split(".")[0] not in dynamic:
-                problems.append(f"{where}: unknown input '{name}' (it takes: {', '.join(declared) or 'none'})")
+                problems.append(f"{where}: unknown input '{printable(name)}' (it takes: {listing(declared, 50)})")
         elif _is_link(value):
             problems += _check_link(where, name, spec, value, prompt, object_info)
         else:
@@ -306,17 +518,21 @@ def _check_link(where: str, name: str, spec, link: list, prompt: dict, object_in
     source_id, slot = link
     source = prompt.get(source_id) if isinstance(source_id, str) else None  # the server looks ids up as strings
     if not isinstance(source, dict):
-        return [f"{where}: input '{name}' links to node {source_id}, which the prompt does not have"]
-    source_info = object_info.get(source.get("class_type"))
+        return [f"{where}: input '{printable(name)}' links to node {printable(source_id)}, which the prompt does not "
+                "have"]
+    kind = source.get("class_type")
+    source_info = object_info.get(kind) if isinstance(kind, str) else None
     if source_info is None:
-        return []  # that node's own problem says the server lacks it
+        return []  # that node's own problem says the server lacks it (or that it has no class_type)
     outputs = source_info.get("output") or []
-    source_name = f"node {source_id} ({source['class_type']})"
+    source_name = f"node {printable(source_id)} ({printable(kind)})"
     if not 0 <= slot < len(outputs):
-        return [f"{where}: input '{name}' links to output {slot} of {source_name}, which has {len(outputs)} output(s)"]
+        return [f"{where}: input '{printable(name)}' links to output {slot} of {source_name}, which has "
+                f"{len(outputs)} output(s)"]
     given = "COMBO" if isinstance(outputs[slot], list) else outputs[slot]
     if not types_match(given, spec_type(spec)):
-        return [f"{where}: input '{name}' takes {spec_type(spec)}, but output {slot} of {source_name} gives {given}"]
+        return [f"{where}: input '{printable(name)}' takes {printable(spec_type(spec))}, but output {slot} of "
+                f"{source_name} gives {printable(given)}"]
     return []
 
 
@@ -325,18 +541,12 @@ def _check_value(where: str, kind: str, name: str, spec, value) -> list[str]:
     if options is None or not isinstance(value, (str, int, float, bool)) or value in options:
         return []
     folder = MODEL_FOLDERS_BY_CLASS.get((kind, name)) or MODEL_FOLDERS.get(name)
-    has = _listing(options)
+    has = listing(options)
+    name, text = printable(name), printable(value)
     if folder:
-        return [f"{where}: the server has no model named '{value}' in {folder} (input {name}; it has {has})"]
+        return [f"{where}: the server has no model named '{text}' in {folder} (input {name}; it has {has})"]
     if str(value).lower().endswith(MODEL_EXTENSIONS):
-        return [f"{where}: the server has no model file named '{value}' (input {name}; it has {has})"]
+        return [f"{where}: the server has no model file named '{text}' (input {name}; it has {has})"]
     if spec_options(spec).get("image_upload"):
-        return [f"{where}: the server has no input image named '{value}' (input {name}; it has {has})"]
-    return [f"{where}: input '{name}' is {value!r}, which is not one of its options ({has})"]
-
-
-def _listing(options: list, most: int = 8) -> str:
-    if not options:
-        return "none"
-    shown = ", ".join(str(option) for option in options[:most])
-    return shown + (f" and {len(options) - most} more" if len(options) > most else "")
+        return [f"{where}: the server has no input image named '{text}' (input {name}; it has {has})"]
+    return [f"{where}: input '{name}' is {printable(repr(value))}, which is not one of its options ({has})"]

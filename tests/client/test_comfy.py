@@ -1,9 +1,13 @@
 """client/comfy.py: the HTTP client's pieces kiln queue relies on (the rest is exercised end to end in
 test_queue.py and by kiln warm's tests in tests/cache/test_warm.py); images saved into --out never
 overwrite a file or follow a link, and a broken download leaves nothing behind; kiln warm says what an
-odd server sent."""
+odd server sent; a rejection reaches the terminal cut short and without control characters; a server
+that answers a byte now and then (HTTP or HTTPS: head, body, chunk sizes) is too slow past the timeout."""
 import json
 import os
+import sysconfig
+import time
+from pathlib import Path
 
 import pytest
 
@@ -152,6 +156,126 @@ def test_a_prompt_error_from_the_server_reaches_the_terminal_line_by_line_withou
             "exception_message": "boom\x1b]0;x\x07\nsecond line\n" + "more\n" * 100}
     text = execution_error_text("execution_error", data)
     assert text.startswith("node 9 (KSampler?[2J): RuntimeError: boom?]0;x?\nsecond line\nmore")
-    assert text.count("\n") == 39 and "\x1b" not in text
+    assert text.count("\n") == 40 and "\x1b" not in text and text.endswith("\nmore\n... and 62 more line(s)")
     assert execution_error_text("execution_interrupted", {"node_id": "9", "node_type": "KSampler"}) == \
         "interrupted on the server at node 9 (KSampler)"
+
+
+def test_a_null_subfolder_or_type_is_sent_as_the_servers_default(tmp_path, monkeypatch):
+    from kiln.client.comfy import history_record
+
+    record = history_record({"outputs": {"9": {"images": [{"filename": "a.png", "subfolder": None, "type": None}]}}}, "r")
+    asked = []
+    real_open = ComfyClient._open
+    monkeypatch.setattr(ComfyClient, "_open", lambda self, path, body=None: asked.append(path) or real_open(self, path, body))
+    with FakeComfy() as fake:
+        path = ComfyClient(fake.url).download(output_images(record)[0], tmp_path)
+    assert asked == ["/view?filename=a.png&subfolder=&type=output"] and path.read_bytes() == b"PNG a.png"
+
+
+def test_a_rejection_reaches_the_terminal_cut_and_without_control_characters():
+    from kiln.client.comfy import MAX_ERROR_FIELD, MAX_ERROR_LINES
+
+    errors = {str(n): {"class_type": "KSampler\x1b[31m", "errors": [{"message": "m\x1b[2J", "details": "x" * 100000}]}
+              for n in range(MAX_ERROR_LINES + 5)}
+    with FakeComfy() as fake:
+        fake.reject = {"error": "bad\x1b]0;pwned\x07", "node_errors": errors}
+        with pytest.raises(PromptRejected) as caught:
+            ComfyClient(fake.url).submit(API_PROMPT)
+        fake.answers["/prompt"] = http_answer(b"Bad\x1b[2J" + b"y" * 100000, status="400 Bad Request")
+        with pytest.raises(PromptRejected) as not_json:
+            ComfyClient(fake.url).submit(API_PROMPT)
+    first, *nodes, more = str(caught.value).splitlines()
+    assert first == "ComfyUI rejected the prompt: bad?]0;pwned?" and len(nodes) == MAX_ERROR_LINES
+    assert nodes[0] == "  node 0 (KSampler?[31m): m?[2J: " + "x" * (MAX_ERROR_FIELD - 3) + "..."
+    assert more == "  ... and 5 more node error(s) not shown"
+    assert str(not_json.value) == "ComfyUI rejected the prompt: Bad?[2J" + "y" * (MAX_ERROR_FIELD - 3 - 7) + "..."
+
+
+# -- a server that answers a byte now and then: every request has a deadline, the client's timeout
+
+def trickling_server(head: bytes, tls: "ssl.SSLContext | None" = None) -> int:
+    """A server for one connection: it reads the request, sends `head`, then a space every 20 ms until
+    the client hangs up. Its port."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        connection, _ = listener.accept()
+        listener.close()
+        try:
+            if tls:
+                connection = tls.wrap_socket(connection, server_side=True)
+            with connection:
+                connection.recv(65536)
+                connection.sendall(head)
+                for _ in range(500):  # 10 s at most, whatever the client does
+                    connection.sendall(b" ")
+                    time.sleep(0.02)
+        except OSError:
+            pass  # the client gave up: what this server is for
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1]
+
+
+SLOW_ANSWERS = {
+    "head": b"HTTP/1.1 200 OK\r\nX-Pad: ",
+    "body": b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n",
+    "chunk-size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+    "error-body": b"HTTP/1.1 500 Oops\r\nContent-Length: 100000000\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("part", list(SLOW_ANSWERS))
+def test_an_answer_that_trickles_in_is_too_slow_past_the_timeout(part):
+    from kiln.client.comfy import ServerTooSlow
+
+    client = ComfyClient(f"http://127.0.0.1:{trickling_server(SLOW_ANSWERS[part])}", timeout=0.3)
+    start = time.monotonic()
+    with pytest.raises(ServerTooSlow, match="^the server was too slow answering /history/p1: not all of it came "
+                                            "within 0.3s, the client's timeout$"):
+        client.history("p1")
+    assert time.monotonic() - start < 1.5
+
+
+def test_a_server_that_sends_nothing_for_the_read_wait_is_too_slow(monkeypatch):
+    from kiln.client.comfy import ServerTooSlow
+
+    import socket
+
+    monkeypatch.setattr(comfy_module, "READ_WAIT_SECONDS", 0.2)
+
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog) and never answers
+    with listener:
+        start = time.monotonic()
+        with pytest.raises(ServerTooSlow, match="^the server was too slow answering /object_info: nothing came for 0.2s$"):
+            ComfyClient(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=30).object_info()
+        assert time.monotonic() - start < 1.5
+
+
+CERTS = Path(sysconfig.get_paths()["stdlib"]) / "test" / "certdata"  # CPython's own test certificates
+
+
+@pytest.mark.skipif(not (CERTS / "keycert3.pem").exists(), reason="CPython's test certificates are not installed")
+def test_an_https_answer_that_trickles_in_is_too_slow_past_the_timeout(monkeypatch):
+    import functools
+    import ssl
+
+    from kiln.client.comfy import ServerTooSlow, _tls_context
+
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(CERTS / "keycert3.pem")  # localhost, signed by pycacert.pem
+    monkeypatch.setattr(ssl, "create_default_context", functools.partial(ssl.create_default_context,
+                                                                         cafile=str(CERTS / "pycacert.pem")))
+    _tls_context.cache_clear()
+    try:
+        client = ComfyClient(f"https://localhost:{trickling_server(SLOW_ANSWERS['body'], server)}", timeout=0.5)
+        start = time.monotonic()
+        with pytest.raises(ServerTooSlow, match="^the server was too slow answering /history/p1: not all of it came"):
+            client.history("p1")
+        assert time.monotonic() - start < 2
+    finally:
+        _tls_context.cache_clear()

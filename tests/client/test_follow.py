@@ -198,3 +198,77 @@ def test_node_text_and_titles_reach_the_terminal_without_control_characters():
     text = "compiled\x1b[2J graph 0".encode()
     _progress_text(struct.pack(">II", 3, 1) + b"2" + text, run, {"2": _title(prompt, "2")}, display)
     assert run.kiln_lines == shown_lines == ["Kiln?]0;pwned? (2): compiled?[2J graph 0"]
+
+
+# -- what a prompt's run keeps is capped: a server cannot fill the client's memory with it
+
+def kiln_text(text: bytes, node: bytes = b"2") -> bytes:
+    import struct
+
+    return struct.pack(">II", 3, len(node)) + node + text
+
+
+def test_kiln_lines_past_the_cap_are_counted_not_kept_nor_shown():
+    from kiln.client.follow import KILN_LINES_LEFT_OUT, MAX_KEPT, _progress_text
+
+    run, shown_lines = PromptRun("p1", 0.0, started=0.0), []
+    display = Display()
+    display.note = shown_lines.append
+    _progress_text(kiln_text(b"a\n\n" * (MAX_KEPT - 1)), run, {"2": "Kiln (2)"}, display)  # blank lines are skipped
+    _progress_text(kiln_text(b"b\r\n" * 6 + b" \t\n\n\r\nc"), run, {"2": "Kiln (2)"}, display)
+    assert run.kiln_lines == shown_lines == ["Kiln (2): a"] * (MAX_KEPT - 1) + ["Kiln (2): b"]
+    assert run.left_out == {KILN_LINES_LEFT_OUT: 6}  # 5 b and a c; blank lines are not counted
+    _progress_text(kiln_text(b"\n\nd\ne"), run, {"2": "Kiln (2)"}, display)
+    assert run.left_out == {KILN_LINES_LEFT_OUT: 8} and len(shown_lines) == MAX_KEPT
+
+
+def executing(node) -> dict:
+    return json_message(json.dumps({"type": "executing", "data": {"prompt_id": "p1", "node": node}}))
+
+
+def test_node_ids_past_the_cap_or_too_long_are_counted_not_kept():
+    from kiln.client.follow import BAD_NODE_IDS_LEFT_OUT, MAX_KEPT, NODE_IDS_LEFT_OUT
+
+    run, display = PromptRun("p1", 0.0), Display()
+    for node in ["n" * 2**20, {"id": 3}, True, "n" * 201]:
+        assert _event(executing(node), run, {}, display) is False
+    assert run.executed == [] and run.left_out == {BAD_NODE_IDS_LEFT_OUT: 4}
+    for number in range(MAX_KEPT + 2):
+        _event(executing(number), run, {}, display)
+    assert run.executed == [str(number) for number in range(MAX_KEPT)] and run.left_out[NODE_IDS_LEFT_OUT] == 2
+    cached = json_message(json.dumps({"type": "execution_cached", "data": {"prompt_id": "p1", "nodes": ["3", "x" * 300]}}))
+    _event(cached, run, {}, display)
+    assert run.cached == ["3"] and run.left_out[BAD_NODE_IDS_LEFT_OUT] == 5
+
+
+def compile_message(seconds, **fields) -> dict:
+    event = {"index": 0, "seconds": seconds, "lowering": "inductor", "dynamic": True, "reason": "first", **fields}
+    return json_message(json.dumps({"type": "kiln.compile", "data": {"prompt_id": "p1", "node": "2", "event": event}}))
+
+
+def test_compile_records_past_the_cap_are_counted_and_their_time_still_added():
+    from kiln.client.follow import COMPILES_LEFT_OUT, MAX_KEPT
+
+    run = PromptRun("p1", 0.0)
+    for _ in range(MAX_KEPT + 3):
+        _event(compile_message(0.5), run, {}, Display())
+    assert len(run.kiln_compiles) == MAX_KEPT and run.left_out == {COMPILES_LEFT_OUT: 3}
+    assert run.kiln_compile_seconds == 0.5 * (MAX_KEPT + 3)
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0, -1e300, 1e300, 1e6 + 1])
+def test_a_compile_time_that_is_no_time_says_what_the_server_sent(seconds):
+    import re
+
+    with pytest.raises(ServerAnswerError, match="^" + re.escape(f"the server sent a Kiln compile event whose 'seconds' is "
+                                                                f"{seconds!r}, not a time from 0 to 1e+06 seconds, in the "
+                                                                "websocket's 'kiln.compile' message")):
+        _event(compile_message(seconds), PromptRun("p1", 0.0), {}, Display())
+
+
+def test_a_compile_records_text_is_cut_and_without_control_characters():
+    run = PromptRun("p1", 0.0)
+    _event(compile_message(1e6, lowering="fx\x1b[2J", reason="r" * 5000, region="\x07"), run, {}, Display())
+    event = run.kiln_compiles[0]["event"]
+    assert (event.lowering, event.region, len(event.reason)) == ("fx?[2J", "?", 1000) and event.reason.endswith("...")
+    assert run.kiln_variants == ["fx?[2J, dynamic shapes"] and run.kiln_compile_seconds == 1e6

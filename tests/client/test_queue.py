@@ -327,3 +327,91 @@ def test_a_server_address_that_is_not_one(workflow, capsys, server, why):
     assert queue(workflow, "--server", server) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"kiln queue: {server!r} is not a server address such as http://127.0.0.1:8188 ({why}")
+
+
+# -- a hostile workflow: refused before anything is queued, naming the node and field
+
+@pytest.mark.parametrize("edit, args, says", [
+    (lambda w: w["3"].__setitem__("inputs", [1]), [], "workflow node 3: 'inputs' must be a JSON object, not a list"),
+    (lambda w: w["3"].__setitem__("class_type", ["KSampler"]), [], "workflow node 3: 'class_type' must be a node's "
+                                                                   "name, not ['KSampler']"),
+    (lambda w: w["3"].__setitem__("_meta", "oops"), [], "workflow node 3: '_meta' must be a JSON object, not a string"),
+    (lambda w: w.__setitem__("10", 5), ["--no-check"], "workflow node 10: must be a JSON object with 'class_type' and "
+                                                       "'inputs', not a number (is this an API-format workflow?)"),
+    (lambda w: w["9"].pop("inputs"), ["--set", "9.filename_prefix=x"], "workflow node 9: no 'inputs'"),
+    (lambda w: w.clear() or w.update({"nodes": [{"type": "KSampler"}], "links": []}), [],
+     "workflow 'nodes' entry 0: no 'id'"),
+    (lambda w: w.clear() or w.update({"nodes": [7], "links": []}), ["--no-check"],
+     "workflow 'nodes' entry 0: must be a JSON object (a node), not a number: 7"),
+    (lambda w: w.clear() or w.update(json.loads(json.dumps(UI_WORKFLOW))) or w["links"].__setitem__(0, [1]), [],
+     "workflow 'links' entry 0: must be [id, origin node, origin slot, target node, target slot, type] or a JSON "
+     "object, not [1]"),
+], ids=["inputs-a-list", "class_type-a-list", "meta-a-string", "no-check-node-a-number", "set-without-inputs",
+        "ui-node-without-id", "ui-node-a-number", "ui-link-too-short"])
+def test_a_workflow_of_the_wrong_shape_stops_before_queueing(comfy, workflow, capsys, edit, args, says):
+    prompt = json.loads(workflow.read_text())
+    edit(prompt)
+    workflow.write_text(json.dumps(prompt))
+    assert queue(workflow, "--server", comfy.url, *args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"kiln queue: {says}") and captured.err.count("\n") == 1, captured.err
+    assert captured.out == "" and comfy.prompts == []
+
+
+@pytest.mark.parametrize("command", ["queue", "warm"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "soon"])
+def test_a_timeout_that_is_no_number_of_seconds_is_refused(workflow, capsys, command, value):
+    shapes = ["--shapes", "64x64"] if command == "warm" else []
+    with pytest.raises(SystemExit) as exit_:
+        main([command, str(workflow), *shapes, f"--timeout={value}"])
+    assert exit_.value.code == 2
+    assert f"argument --timeout: {value!r} is not a number of seconds above 0" in capsys.readouterr().err
+
+
+def test_images_past_the_cap_are_counted_not_downloaded_and_the_exit_status_says_so(comfy, workflow, tmp_path, capsys,
+                                                                                    monkeypatch):
+    from kiln.client import queue as queue_module
+
+    monkeypatch.setattr(queue_module, "MAX_IMAGES_PER_PROMPT", 2)
+    comfy.edit_record = lambda record: {**record, "outputs": {"9": {"images": [
+        {"filename": f"img{i}.png", "subfolder": "", "type": "output"} for i in range(5)]}}}
+    out = tmp_path / "images"
+    assert queue(workflow, "--server", comfy.url, "--out", out, "--json", tmp_path / "r.json") == 1
+    line = capsys.readouterr().out.splitlines()[0]
+    assert sorted(p.name for p in out.iterdir()) == ["img0.png", "img1.png"]
+    assert line.endswith(f"2 image(s) -> {out / 'img0.png'}, {out / 'img1.png'}, 3 more image(s) NOT downloaded "
+                         "(kiln queue downloads at most 2 per prompt)")
+    (record,) = json.loads((tmp_path / "r.json").read_text())
+    assert record["status"] == "ok" and record["images_not_downloaded"] == 3
+
+
+def test_what_the_server_sent_past_the_cap_is_said_once_after_the_prompt(comfy, workflow, tmp_path, capsys):
+    from kiln.client.follow import KILN_LINES_LEFT_OUT, MAX_KEPT
+
+    comfy.kiln_text = lambda prompt: [f"line {n}" for n in range(MAX_KEPT + 3)]
+    assert queue(workflow, "--server", comfy.url, "--json", tmp_path / "r.json") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[MAX_KEPT] == "  Kiln › Compile UNet (2): line 999"
+    assert out[MAX_KEPT + 1:] == [f"  left out: 3 {KILN_LINES_LEFT_OUT}"]
+    (record,) = json.loads((tmp_path / "r.json").read_text())
+    assert len(record["kiln_lines"]) == MAX_KEPT and record["left_out"] == {KILN_LINES_LEFT_OUT: 3}
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1e300])
+def test_a_compile_time_that_is_no_time_ends_it_with_one_line(comfy, workflow, tmp_path, capsys, seconds):
+    comfy.kiln_text = lambda prompt: [CompileEvent(0, seconds, "inductor", True, "first")]
+    assert queue(workflow, "--server", comfy.url, "--json", tmp_path / "r.json") == 1
+    line = the_server_sent(capsys)
+    assert line.startswith(f"kiln queue: the server sent a Kiln compile event whose 'seconds' is {seconds!r}, not a "
+                           "time from 0 to 1e+06 seconds")
+    assert not (tmp_path / "r.json").exists()  # no record with a time that is no number
+
+
+@pytest.mark.parametrize("content, says", [(b"[" * 100000 + b"]" * 100000, "JSON nested more than 100 levels deep"),
+                                           (b"\xff{}", "not UTF-8 text (invalid start byte at byte 0)")],
+                         ids=["nested", "not-utf8"])
+def test_a_workflow_file_that_cannot_be_read_is_named(comfy, workflow, capsys, content, says):
+    workflow.write_bytes(content)
+    assert queue(workflow, "--server", comfy.url) == 2
+    assert capsys.readouterr().err == f"kiln queue: {workflow}: {says}" + (
+        ": not a ComfyUI workflow\n" if "nested" in says else "\n")

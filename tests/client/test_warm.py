@@ -121,3 +121,28 @@ def test_the_command_line_never_imports_comfyui():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('comfy', 'folder_paths', 'comfy_execution')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("content, says", [
+    (json.dumps({"1": 5}).encode(), "workflow node 1: must be a JSON object with 'class_type' and 'inputs', not a number"),
+    (json.dumps({"1": {"class_type": "EmptyLatentImage"}}).encode(), "workflow node 1: no 'inputs'"),
+    (json.dumps({"1": {"class_type": "EmptyLatentImage", "inputs": [64]}}).encode(),
+     "workflow node 1: 'inputs' must be a JSON object, not a list"),
+    (json.dumps({"nodes": [], "links": []}).encode(), "this is a UI-format workflow: export it with 'Save (API)'"),
+    (b"[" * 100000 + b"]" * 100000, "{path}: JSON nested more than 100 levels deep: not a ComfyUI workflow"),
+    (b"\xff{}", "{path}: not UTF-8 text (invalid start byte at byte 0)"),
+], ids=["node-a-number", "no-inputs", "inputs-a-list", "ui-format", "nested", "not-utf8"])
+def test_a_workflow_kiln_cannot_read_is_named_on_stderr(server, capsys, tmp_path, content, says):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    assert main(["warm", str(path), "--server", server, "--shapes", "512x512", "--set", "1.width=64"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("kiln warm: " + says.format(path=path)), captured.err
+    assert captured.err.count("\n") == 1 and FakeComfy.prompts == []
+
+
+def test_set_on_a_node_without_inputs_is_named():
+    with pytest.raises(ValueError, match="--set '1.x=1': workflow node 1 has no 'inputs' \\(a JSON object\\) to set x in"):
+        apply_sets({"1": {"class_type": "KSampler"}}, ["1.x=1"])
+    with pytest.raises(ValueError, match="with a node id of the workflow \\(1, 10, 11, .*, 54 and 10 more\\)$"):
+        apply_sets({str(n): {"inputs": {}} for n in range(1, 61)}, ["77.x=1"])  # 50 named

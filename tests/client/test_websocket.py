@@ -232,3 +232,34 @@ def test_fuzz_the_frame_reader_only_refuses():
                 assert isinstance(message, (str, bytes))
                 outcomes["messages"] += 1
     assert outcomes["messages"] > 200 and outcomes["closed"] > 50 and outcomes["refused"] > 2000, outcomes
+
+
+def test_a_handshake_answer_that_trickles_in_is_too_slow_past_the_timeout():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        connection, _ = listener.accept()
+        listener.close()
+        with connection:
+            try:
+                connection.recv(65536)
+                connection.sendall(b"HTTP/1.1 101 Switching Protocols\r\nX-Pad: ")
+                for _ in range(500):  # a byte every 20 ms, 10 s at most
+                    connection.sendall(b" ")
+                    time.sleep(0.02)
+            except OSError:
+                pass  # the client gave up
+
+    threading.Thread(target=serve, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(WebSocketError, match="^the server was too slow: its websocket handshake answer did not come "
+                                             "whole within 0.3s$"):
+        WebSocket.connect(f"ws://127.0.0.1:{listener.getsockname()[1]}/ws", timeout=0.3)
+    assert time.monotonic() - start < 1.5
+
+
+def test_a_long_refusal_is_shown_short():
+    url, _ = serve(None, answer="HTTP/1.1 404 Not Found\x1b[2J" + "x" * 60000 + "\r\n\r\n")
+    with pytest.raises(WebSocketError) as caught:
+        WebSocket.connect(url, timeout=5)
+    assert "answered 'HTTP/1.1 404 Not Found\\x1b[2Jxx" in str(caught.value) and len(str(caught.value)) < 300

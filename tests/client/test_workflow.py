@@ -1,14 +1,16 @@
 """client/workflow.py: a handwritten UI-format workflow (a Note, a Reroute, a bypassed LoRA, a muted
 preview, a seed with its 'control after generate' value, a widget fed by a node) converted as ComfyUI's
 frontend converts it (the same file through frontend 1.35's graphToPrompt gives UI_EXPECTED), and
-check_prompt's problems, each naming node and class."""
+check_prompt's problems, each naming node and class; a hostile workflow file or shape (UI or API format)
+refused with the node and field named, and its text shown without control characters."""
 import json
 from pathlib import Path
 
 import pytest
 
 from fake_comfy import OBJECT_INFO, UI_EXPECTED, UI_WORKFLOW, object_info_from_classes, out, socket, ui_node
-from kiln.client.workflow import KILN_COMPILE_NODES, WorkflowError, check_prompt, is_ui_format, ui_to_api, without_nodes
+from kiln.client.workflow import (KILN_COMPILE_NODES, WorkflowError, check_api_workflow, check_prompt, is_ui_format,
+                                  load_workflow, problems_shown, ui_to_api, without_nodes)
 
 
 def test_a_ui_workflow_converts_as_the_frontend_does():
@@ -184,3 +186,167 @@ def test_without_nodes_names_a_node_with_nothing_to_pass_through():
               "2": {"class_type": "SaveLatent", "inputs": {"samples": ["1", 0]}}}
     with pytest.raises(WorkflowError, match=r"node 1 \(EmptyLatentImage\) has no linked input"):
         without_nodes(prompt, {"EmptyLatentImage"})
+
+
+# -- a hostile workflow: every shape kiln indexes is checked first, the error naming the node and field
+
+def api_prompt_with(edit) -> dict:
+    prompt = json.loads(json.dumps(UI_EXPECTED))
+    edit(prompt)
+    return prompt
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda p: p["3"].__setitem__("inputs", [1]), "workflow node 3: 'inputs' must be a JSON object, not a list"),
+    (lambda p: p["3"].pop("inputs"), "workflow node 3: no 'inputs' (a JSON object of input name -> value, {} for none)"),
+    (lambda p: p["3"].__setitem__("class_type", ["KSampler"]), "workflow node 3: 'class_type' must be a node's name, "
+                                                               "not ['KSampler']"),
+    (lambda p: p["3"].__setitem__("class_type", ""), "workflow node 3: 'class_type' must be a node's name, not ''"),
+    (lambda p: p["3"].pop("class_type"), "workflow node 3: no 'class_type' (is this an API-format workflow?)"),
+    (lambda p: p["3"].__setitem__("_meta", "oops"), "workflow node 3: '_meta' must be a JSON object, not a string"),
+    (lambda p: p["3"].__setitem__("_meta", {"title": 7}), "workflow node 3: '_meta' 'title' must be a string, not a number"),
+    (lambda p: p.__setitem__("10", 5), "workflow node 10: must be a JSON object with 'class_type' and 'inputs', not a "
+                                       "number (is this an API-format workflow?)"),
+    (lambda p: p.__setitem__("n" * 201, p.pop("3")), "its id is 201 characters long (the most kiln takes is 200)"),
+    (lambda p: p.__setitem__("3\x1b[2J", p.pop("3")), "workflow node '3\\x1b[2J': its id has control characters"),
+    (lambda p: p.__setitem__("", p.pop("3")), "workflow node '': its id is empty"),
+], ids=["inputs-a-list", "no-inputs", "class_type-a-list", "class_type-empty", "no-class_type", "meta-a-string",
+        "title-a-number", "node-a-number", "id-too-long", "id-escape", "id-empty"])
+def test_an_api_workflow_of_the_wrong_shape_names_node_and_field(edit, says):
+    prompt = api_prompt_with(edit)
+    with pytest.raises(WorkflowError) as caught:
+        check_api_workflow(prompt)
+    assert says in str(caught.value) and "\x1b" not in str(caught.value)
+    assert says in "\n".join(check_prompt(prompt, OBJECT_INFO))  # check_prompt says it too, and does not crash
+
+
+def test_a_ui_workflow_is_not_taken_for_an_api_one():
+    with pytest.raises(WorkflowError, match="this is a UI-format workflow: export it with 'Save \\(API\\)'"):
+        check_api_workflow(UI_WORKFLOW)
+
+
+def test_node_ids_of_non_ascii_digits_sort_as_text():
+    # '²'.isdigit() is True but int('²') fails: ids are ordered as numbers only when they are ASCII digits
+    prompt = api_prompt_with(lambda p: p.__setitem__("\u00b2", p.pop("9")))
+    check_api_workflow(prompt)
+    assert check_prompt(prompt, OBJECT_INFO) == []
+    prompt["\u00b2"]["class_type"] = "Gone"
+    assert check_prompt(prompt, OBJECT_INFO)[-1] == "the server has no node 'Gone' (node \u00b2): is its node pack installed?"
+
+
+def ui_workflow_with(edit) -> dict:
+    workflow = json.loads(json.dumps(UI_WORKFLOW))
+    edit(workflow)
+    return workflow
+
+
+def ksampler(workflow) -> dict:
+    return next(node for node in workflow["nodes"] if node["id"] == 3)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda w: w.__setitem__("nodes", [{"type": "KSampler"}]), "workflow 'nodes' entry 0: no 'id'"),
+    (lambda w: w.__setitem__("nodes", [7]), "workflow 'nodes' entry 0: must be a JSON object (a node), not a number: 7"),
+    (lambda w: w["nodes"][0].__setitem__("id", [4]), "workflow 'nodes' entry 0: 'id' must be a whole number or a string, "
+                                                     "not a list"),
+    (lambda w: w["nodes"][1].__setitem__("id", 4), "workflow node 4: two nodes in 'nodes' have this id"),
+    (lambda w: ksampler(w).pop("type"), "workflow node 3: 'type' must be a node's name, not None"),
+    (lambda w: ksampler(w).__setitem__("widgets_values", "42"), "workflow node 3: 'widgets_values' must be a list or "
+                                                                "a JSON object, not a string"),
+    (lambda w: ksampler(w).__setitem__("mode", "4"), "workflow node 3: 'mode' must be a whole number, not a string"),
+    (lambda w: ksampler(w).__setitem__("inputs", [5]), "workflow node 3: 'inputs' entry 0 must be a JSON object, not a number"),
+    (lambda w: ksampler(w)["inputs"][0].__setitem__("link", [4]), "workflow node 3: input 'model': 'link' must be a "
+                                                                  "link's id (a whole number) or null, not a list"),
+    (lambda w: ksampler(w)["inputs"][0].pop("name"), "workflow node 3: 'inputs' entry 0: 'name' must be a string, not null"),
+    (lambda w: ksampler(w).__setitem__("outputs", [None]), "workflow node 3: 'outputs' entry 0 must be a JSON object, not null"),
+    (lambda w: w["links"].__setitem__(0, [1]), "workflow 'links' entry 0: must be [id, origin node, origin slot, target "
+                                               "node, target slot, type] or a JSON object, not [1]"),
+    (lambda w: w["links"].__setitem__(0, [1, 4, "0", 10, 0, "MODEL"]), "workflow 'links' entry 0: its origin slot must "
+                                                                       "be a whole number from 0, not '0'"),
+    (lambda w: w["links"].__setitem__(0, [1, 4, -1, 10, 0, "MODEL"]), "its origin slot must be a whole number from 0, not -1"),
+    (lambda w: w["links"].__setitem__(0, {"id": 1, "origin_id": 4}), "workflow 'links' entry 0: its origin slot must be "
+                                                                     "a whole number from 0, not None"),
+    (lambda w: w["links"].__setitem__(0, [[1], 4, 0]), "workflow 'links' entry 0: its id must be a whole number, not [1]"),
+    (lambda w: w["links"].__setitem__(0, [1, None, 0]), "workflow 'links' entry 0: its origin node must be a node id, "
+                                                        "not None"),
+    (lambda w: w.__setitem__("links", {"1": [1, 4, 0]}), "workflow 'links' must be a list, not a JSON object"),
+    (lambda w: w.__setitem__("definitions", []), "workflow 'definitions' must be a JSON object, not a list"),
+], ids=["node-without-id", "node-a-number", "id-a-list", "two-nodes-one-id", "no-type", "widgets_values-a-string",
+        "mode-a-string", "input-a-number", "link-a-list", "input-without-name", "output-null", "link-too-short",
+        "slot-a-string", "slot-negative", "link-object-without-slot", "link-id-a-list", "origin-null", "links-an-object",
+        "definitions-a-list"])
+def test_a_ui_workflow_of_the_wrong_shape_names_node_and_field(edit, says):
+    with pytest.raises(WorkflowError) as caught:
+        ui_to_api(ui_workflow_with(edit), OBJECT_INFO)
+    assert str(caught.value) == says or says in str(caught.value), str(caught.value)
+
+
+def test_a_primitive_nodes_value_saved_by_name_is_an_error_not_a_crash():
+    workflow = {"nodes": [ui_node(1, "PrimitiveNode", outputs=[out("INT", "INT", 0, [1])]),
+                          ui_node(2, "EmptyLatentImage", inputs=[socket("width", "INT", 1, widget=True)],
+                                  outputs=[out("LATENT", "LATENT", 0, [])], widgets=[64, 64, 1])],
+                "links": [[1, 1, 0, 2, 0, "INT"]]}
+    workflow["nodes"][0]["widgets_values"] = {"value": 64}
+    with pytest.raises(WorkflowError, match="node 2 input 'width': link 1 comes from PrimitiveNode 1, whose "
+                                            "'widgets_values' must be a list, not a JSON object"):
+        ui_to_api(workflow, OBJECT_INFO)
+
+
+def test_what_the_workflow_and_the_server_say_reaches_the_terminal_without_control_characters():
+    info = json.loads(json.dumps(OBJECT_INFO))
+    info["CheckpointLoaderSimple"]["input"]["required"]["ckpt_name"] = [["x\x1b[2J.safetensors", "y" * 500]]
+    prompt = api_prompt_with(lambda p: p.__setitem__("12", {"class_type": "Evil\x1b]0;owned\x07", "inputs": {}}))
+    prompt["4"]["inputs"]["ckpt_name"] = "m\x07" + "z" * 100000 + ".safetensors"
+    prompt["5"]["inputs"]["depth\x1b[31m"] = 1
+    problems = check_prompt(prompt, OBJECT_INFO | info)
+    assert not any(c in "\n".join(problems) for c in "\x1b\x07") and max(map(len, problems)) < 1000
+    assert problems[0].startswith("node 4 (CheckpointLoaderSimple): the server has no model named 'm?zzz")
+    assert problems[0].endswith("in checkpoints (input ckpt_name; it has x?[2J.safetensors, " + "y" * 77 + "...)")
+    assert "node 5 (EmptyLatentImage): unknown input 'depth?[31m'" in problems[1]
+    assert problems[2] == "the server has no node 'Evil?]0;owned?' (node 12): is its node pack installed?"
+    with pytest.raises(WorkflowError, match="the server has no node 'Evil\\?\\]0;owned\\?' \\(node 3\\)"):
+        ui_to_api(ui_workflow_with(lambda w: ksampler(w).__setitem__("type", "Evil\x1b]0;owned\x07")), OBJECT_INFO)
+
+
+def test_a_long_list_of_problems_is_cut_and_counted(monkeypatch):
+    from kiln.client import workflow
+
+    monkeypatch.setattr(workflow, "MAX_PROBLEMS_SHOWN", 3)
+    assert problems_shown(["a", "b", "c"]) == ["a", "b", "c"]
+    assert problems_shown(list("abcdef")) == ["a", "b", "c", "... and 3 more problem(s) not shown"]
+
+
+# -- reading a workflow file
+
+NESTED_101 = json.dumps({"1": {"inputs": {"x": json.loads("[" * 98 + "1" + "]" * 98)}}}).encode()  # 3 + 98 levels
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"[" * 100000 + b"]" * 100000, "JSON nested more than 100 levels deep: not a ComfyUI workflow"),
+    (NESTED_101, "JSON nested more than 100 levels deep: not a ComfyUI workflow"),
+    (b"[" * 100 + b"]" * 100, "not a ComfyUI workflow (a JSON object of nodes)"),  # 100 levels: read, then refused
+    (b'{"1": "\xff"}', "not UTF-8 text (invalid start byte at byte 7)"),
+    (b"{nope", "Expecting property name enclosed in double quotes"),
+    (b"[1, 2]", "not a ComfyUI workflow (a JSON object of nodes)"),
+    (b"null", "not a ComfyUI workflow (a JSON object of nodes)"),
+    (b" " * 101, "larger than 100 bytes: not a ComfyUI workflow"),
+], ids=["nested-past-json", "nested-past-the-cap", "nested-to-the-cap", "not-utf8", "not-json", "not-an-object",
+        "null", "too-large"])
+def test_a_workflow_file_that_cannot_be_read_is_named(tmp_path, monkeypatch, content, says):
+    from kiln.client import workflow
+
+    if says.startswith("larger"):
+        monkeypatch.setattr(workflow, "MAX_WORKFLOW_BYTES", 100)
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(WorkflowError) as caught:
+        load_workflow(str(path))
+    assert str(caught.value) == f"{path}: {says}" or str(caught.value).startswith(f"{path}: {says}"), str(caught.value)
+
+
+def test_a_workflow_file_is_read_with_or_without_a_byte_order_mark(tmp_path):
+    path = tmp_path / "api.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(UI_EXPECTED).encode())
+    assert load_workflow(str(path)) == UI_EXPECTED
+    with pytest.raises(WorkflowError, match=f"cannot read {tmp_path / 'gone.json'}: No such file or directory"):
+        load_workflow(str(tmp_path / "gone.json"))
