@@ -61,8 +61,12 @@ class PromptRun:
         if len(kept) < MAX_KEPT:
             kept.append(item)
             return True
-        self.left_out[what] = self.left_out.get(what, 0) + 1
+        self.leave_out(what)
         return False
+
+    def leave_out(self, what: str, count: int = 1) -> None:
+        """Count `count` items of `what` (KILN_LINES_LEFT_OUT, ...) as not kept."""
+        self.left_out[what] = self.left_out.get(what, 0) + count
 
     @property
     def queue_seconds(self) -> float | None:
@@ -193,7 +197,7 @@ def _node_id(value, run: PromptRun) -> str | None:
     number nor text, or longer than MAX_NODE_ID_CHARS: no node of a workflow has such an id."""
     text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
     if text is None or len(text) > MAX_NODE_ID_CHARS:
-        run.left_out[BAD_NODE_IDS_LEFT_OUT] = run.left_out.get(BAD_NODE_IDS_LEFT_OUT, 0) + 1
+        run.leave_out(BAD_NODE_IDS_LEFT_OUT)
         return None
     return text
 
@@ -239,7 +243,7 @@ def _progress_text(message: bytes, run: PromptRun, kiln_nodes: dict, display) ->
         if not line:
             continue
         if not run.keep(run.kiln_lines, f"{kiln_nodes[node_id]}: {printable(line, MAX_LINE)}", KILN_LINES_LEFT_OUT):
-            run.left_out[KILN_LINES_LEFT_OUT] += _count_lines(text, start)  # past the cap: the rest only counted
+            run.leave_out(KILN_LINES_LEFT_OUT, _count_lines(text, start))  # past the cap: the rest only counted
             return
         display.note(run.kiln_lines[-1])
 

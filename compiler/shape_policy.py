@@ -139,7 +139,7 @@ def _buckets(value: Any) -> tuple[tuple[int, int], ...]:
             sizes += table[item]
         elif isinstance(item, str):
             raise ShapePolicyError(f"shapes.buckets: unknown bucket list {shorten(item)}; known: {', '.join(table)} (or [[w, h], ...])")
-        elif isinstance(item, (list, tuple)) and len(item) == 2 and all(_is_size(v) for v in item):
+        elif isinstance(item, (list, tuple)) and len(item) == 2 and all(_is_whole_number(v) for v in item):
             problem = size_problem(item[0], item[1])
             if problem:
                 raise ShapePolicyError(f"shapes.buckets: {shorten(item)}: {problem}")
@@ -150,7 +150,7 @@ def _buckets(value: Any) -> tuple[tuple[int, int], ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def _is_size(value: Any) -> bool:
+def _is_whole_number(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
