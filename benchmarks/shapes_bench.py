@@ -102,7 +102,7 @@ PIN_SUFFIX = "+pin"  # a Kiln mode with this suffix pins the sequence's first sh
 def _kiln_options(name: str, first_shape):
     """CompileOptions for "kiln <mode>" or "kiln <mode>+pin" (the first shape of the sequence pinned)."""
     from .. import compiler as kiln
-    from ..compiler.shape_policy import LATENT_FACTOR
+    from ..compiler.options.shape_policy import LATENT_FACTOR
 
     mode = name.removeprefix("kiln ")
     if not mode.endswith(PIN_SUFFIX):

@@ -5,7 +5,7 @@ from .cache import (CACHE_MODES, CacheEntryError, CacheError, CacheLocationError
 from .method import MethodModule, label_of, method_module
 from .lowering import LOWERINGS, MODES, Lowering
 from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailable_reason
-from .options import CompileOptions, OptionsError, parse_expert_options
+from .options.compile_options import CompileOptions, OptionsError, parse_expert_options
 from .passes import PASS_NAMES
 from .plan import KilnPlan, build_options
 from .quantize import (SCHEMES, LayerPolicy, QuantizeError, QuantizeOptions, QuantReport, parse_policy, quant_report,
@@ -14,7 +14,7 @@ from .quantize import load as load_quantized
 from .quantize import READER_COMFYUI, READER_KILN, marked_formats, pop_quantized_layer, reader_for, stored_to_layer
 from .quantize import readers as quantized_file_readers
 from .quantize import save as save_quantized
-from .shape_policy import ShapePolicyError
+from .options.shape_policy import ShapePolicyError
 from .stats import GraphCompile, KilnStats
 from .first_block_probe import first_block_of, first_block_probed
 from .step_cache import StepCache, StepCacheError, StepCacheOptions, StepCacheReport

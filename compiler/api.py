@@ -8,7 +8,7 @@ import torch
 
 from .cache import CacheOptions
 from .model import KilnModel, KilnUnavailable, model_for, unavailable_reason
-from .options import CompileOptions, OptionsError
+from .options.compile_options import CompileOptions, OptionsError
 from .passes import Progress
 from .plan import KilnPlan
 from .stats import KilnStats

@@ -17,7 +17,7 @@ from .cache import GraphCache, entry_fields, graph_hash
 from .cuda_graph_budget import CudaGraphBudget
 from .fusible import IdleRecord, idle_record
 from .lowering import LoweringFailed
-from .options import CompileOptions
+from .options.compile_options import CompileOptions
 from .passes import PASSES, PassContext, Progress, passes_uuid, run_passes
 from .shape_manager import CallShape, ShapeDispatcher
 from .stats import GraphCompile, KilnStats

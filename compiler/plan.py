@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .cache import CacheOptions, CacheOptionsError
-from .option_text import flatten
-from .options import CompileOptions, OptionsError, parse_expert_options
+from .options.option_text import flatten
+from .options.compile_options import CompileOptions, OptionsError, parse_expert_options
 from .quantize import QuantizeOptions
 
 # The order a plan's parts run in, whatever order they were declared in: quantization comes before

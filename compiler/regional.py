@@ -49,7 +49,7 @@ from .backend import KilnBackend, device_type_of, lowering_options
 from .blocks import Region
 from .cache import GraphCache, choice_fields
 from .cuda_graph_budget import CudaGraphBudget
-from .options import CompileOptions
+from .options.compile_options import CompileOptions
 from .passes import Progress
 from .shape_manager import CallShape
 from .shapes import contiguous_inputs, model_latent, tensors_in

@@ -35,7 +35,7 @@ import torch
 
 from . import compat
 from .cuda_graph_budget import CudaGraphBudget
-from .shape_policy import LATENT_FACTOR, PinnedShape, ShapePolicy, ShapePolicyError, pixels_problem
+from .options.shape_policy import LATENT_FACTOR, PinnedShape, ShapePolicy, ShapePolicyError, pixels_problem
 from .shapes import activation_indices, shapes_key
 from .stats import KilnStats, VariantRecord
 

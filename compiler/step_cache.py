@@ -36,7 +36,7 @@ import torch
 
 from ..choices import (DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS,
                        STEP_CACHE_THRESHOLDS)
-from .option_text import check_keys, shorten
+from .options.option_text import check_keys, shorten
 
 MAX_KEYS = 64  # conds kept per run, each holding three latent-sized tensors: a workflow cannot ask for more
 

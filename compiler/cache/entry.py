@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Optional
 
-from ..option_text import shorten
+from ..options.option_text import shorten
 from . import trust
 from .trust import CacheError
 

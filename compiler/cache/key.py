@@ -19,7 +19,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from ..option_text import flatten
+from ..options.option_text import flatten
 
 # the part of the package whose code ends up in (or decides) compiled graphs
 _SOURCE_DIRS = ("compiler", "kernels")

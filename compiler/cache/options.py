@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ... import choices
-from ..option_text import check_keys, shorten
+from ..options.option_text import check_keys, shorten
 from . import location
 from .location import default_cache_dir
 from .store import CacheStore

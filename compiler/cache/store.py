@@ -35,7 +35,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from ..option_text import shorten
+from ..options.option_text import shorten
 from . import location, trust
 from .entry import (KEY_PATTERN, MAX_ENTRY_BYTES, MAX_HEADERS_ENTRY_BYTES, SUFFIX, CacheEntryError, Entry, check_size,
                     encode, read_entry, read_head, read_header)

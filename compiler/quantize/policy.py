@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from ..option_text import parse_mapping_text, shorten
+from ..options.option_text import parse_mapping_text, shorten
 from .scheme import QuantizeError, Scheme
 
 # family -> [(pattern, reason)]. The family is found from the model's own layer names.
@@ -127,6 +127,6 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(LayerPolicy))
 
 
 def parse_policy(text: str) -> LayerPolicy:
-    """A LayerPolicy from the user's YAML (or JSON) text, read with compiler/option_text.py's bounds
+    """A LayerPolicy from the user's YAML (or JSON) text, read with compiler/options/option_text.py's bounds
     (size, depth, no YAML aliases); "" gives the defaults."""
     return LayerPolicy(**parse_mapping_text(text, "layer policy", _FIELDS, QuantizeError))

@@ -34,7 +34,7 @@ def test_each_variant_s_prompt_compiles_the_unet_its_way_at_the_asked_size_seed_
 
 
 def test_the_advanced_texts_are_options_compile_unet_takes():
-    from kiln.compiler.options import CompileOptions, parse_expert_options
+    from kiln.compiler.options.compile_options import CompileOptions, parse_expert_options
 
     for variant in ("kiln-all-regions", "kiln-whole", "kiln-background"):
         text = bench.prompt(variant, 1, 64, 1)[bench.COMPILE]["inputs"]["advanced"]

@@ -1,11 +1,11 @@
-"""A workflow may change only Inductor's tuning settings (compiler/inductor_settings.py), never programs,
+"""A workflow may change only Inductor's tuning settings (compiler/options/inductor_settings.py), never programs,
 paths, remote caches, hooks or debug output."""
 import pytest
 
 import torch._inductor.config as inductor_config
 
 from kiln.compiler import CompileOptions, OptionsError, build_options
-from kiln.compiler.inductor_settings import KILN_OWNED, TUNING, allowed_names, setting_problem
+from kiln.compiler.options.inductor_settings import KILN_OWNED, TUNING, allowed_names, setting_problem
 
 
 @pytest.mark.parametrize("name, value", [

@@ -146,7 +146,7 @@ def test_a_weight_is_not_part_of_the_signature_and_a_failure_is_a_failed_lowerin
 
 def test_a_failed_lowering_sends_the_call_to_eager_like_a_failed_compile():
     from kiln.compiler.backend import KilnBackend
-    from kiln.compiler.options import CompileOptions
+    from kiln.compiler.options.compile_options import CompileOptions
     from kiln.compiler.stats import KilnStats
 
     options = CompileOptions()
@@ -172,7 +172,7 @@ def test_a_signature_the_budget_refuses_runs_without_cuda_graphs(monkeypatch):
 
 
 def test_fast_mode_lowers_to_the_per_signature_recorder_only_with_cuda_graphs_on_cuda():
-    from kiln.compiler.options import CompileOptions
+    from kiln.compiler.options.compile_options import CompileOptions
 
     gm = _graph()
     fast = lowering.LOWERINGS["fast"]

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from kiln.compiler import OptionsError, build_options, parse_expert_options, parse_policy
-from kiln.compiler.inductor_settings import KILN_OWNED, TUNING
-from kiln.compiler.option_text import MAX_DEPTH, MAX_TEXT_CHARS, parse_mapping_text, shorten
+from kiln.compiler.options.inductor_settings import KILN_OWNED, TUNING
+from kiln.compiler.options.option_text import MAX_DEPTH, MAX_TEXT_CHARS, parse_mapping_text, shorten
 from kiln.compiler.passes import PASS_NAMES
 from kiln.compiler.quantize import QuantizeError
 

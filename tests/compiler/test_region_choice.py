@@ -233,7 +233,7 @@ def test_measure_regions_is_an_option_checked_by_name():
     assert CompileOptions(measure_regions=False).as_dict()["measure_regions"] is False
     with pytest.raises(OptionsError, match="measure_regions"):
         CompileOptions(measure_regions="yes")
-    from kiln.compiler.options import parse_expert_options
+    from kiln.compiler.options.compile_options import parse_expert_options
 
     assert parse_expert_options("measure_regions: false") == {"measure_regions": False}
 

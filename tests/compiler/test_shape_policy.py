@@ -3,8 +3,8 @@ import pytest
 import yaml
 
 from kiln.compiler import OptionsError, build_options
-from kiln.compiler.option_text import MAX_TEXT_CHARS
-from kiln.compiler.shape_policy import (LATENT_FACTOR, MAX_KEPT, MAX_SIZE, PinnedShape, ShapePolicy, ShapePolicyError,
+from kiln.compiler.options.option_text import MAX_TEXT_CHARS
+from kiln.compiler.options.shape_policy import (LATENT_FACTOR, MAX_KEPT, MAX_SIZE, PinnedShape, ShapePolicy, ShapePolicyError,
                                         bucket_table, parse_pins)
 
 

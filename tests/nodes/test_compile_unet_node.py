@@ -108,7 +108,7 @@ def test_missing_triton_on_a_gpu_is_reported(monkeypatch):
 
 
 def test_pin_shapes_input_is_declared_and_validated():
-    from kiln.compiler.shape_policy import ShapePolicyError
+    from kiln.compiler.options.shape_policy import ShapePolicyError
 
     assert "pin_shapes" in KilnCompileUNet.INPUT_TYPES()["optional"]
     with pytest.raises(ShapePolicyError, match="'1000x1001': width and height must be multiples of 8"):

@@ -10,9 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from .blocks import COMPILE_UNITS
+from ..blocks import COMPILE_UNITS
 from .inductor_settings import setting_problem
-from .lowering import LOWERINGS, MODES, Lowering
+from ..lowering import LOWERINGS, MODES, Lowering
 from .option_text import parse_mapping_text, shorten
 from .shape_policy import ShapePolicy, ShapePolicyError
 
@@ -39,7 +39,7 @@ class CompileOptions:
     passes: per-pass switch, {pass name: "auto" | "on" | "off"}; unnamed passes are "auto".
     fullgraph: fail instead of splitting the model at a graph break.
     inductor: extra Inductor config applied only while Kiln compiles (scoped `config.patch`),
-        e.g. {"coordinate_descent_tuning": True}; tuning settings only (compiler/inductor_settings.py:
+        e.g. {"coordinate_descent_tuning": True}; tuning settings only (compiler/options/inductor_settings.py:
         no programs, paths, caches or hooks). Never changes the global Inductor config.
     shapes: which shapes get a static variant of their own and how many are kept (ShapePolicy;
         a mapping such as {"specialize": "buckets", "pin": ["1024x1024"], "max_variants": 8}).
@@ -139,7 +139,7 @@ class CompileOptions:
 
 def _pass_switches(passes: Any) -> dict[str, str]:
     """{pass name: "auto" | "on" | "off"}, checked; YAML's bare on/off (booleans) read as "on"/"off"."""
-    from .passes import PASS_NAMES  # local: passes import this module
+    from ..passes import PASS_NAMES  # local: passes import this module
 
     if passes is None:  # an empty `passes:` section
         return {}
@@ -159,7 +159,7 @@ def _pass_switches(passes: Any) -> dict[str, str]:
 
 
 def _inductor_settings(settings: Any) -> dict[str, Any]:
-    """{Inductor setting: value}, each a tuning setting a workflow may change (compiler/inductor_settings.py)."""
+    """{Inductor setting: value}, each a tuning setting a workflow may change (compiler/options/inductor_settings.py)."""
     if settings is None:  # an empty `inductor:` section
         return {}
     if not isinstance(settings, Mapping):
@@ -178,7 +178,7 @@ _EXPERT_KEYS = tuple(f.name for f in dataclasses.fields(CompileOptions)) + ("cac
 
 def parse_expert_options(text: str) -> dict:
     """Parse the node's advanced string (JSON or YAML mapping) into CompileOptions fields (read with
-    compiler/option_text.py's bounds: size, depth, no YAML aliases).
+    compiler/options/option_text.py's bounds: size, depth, no YAML aliases).
 
     >>> parse_expert_options('passes: {channels_last_convs: off}')
     {'passes': {'channels_last_convs': False}}
