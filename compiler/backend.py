@@ -14,12 +14,12 @@ import torch
 
 from . import compat
 from .cache import GraphCache, entry_fields, graph_hash
-from .cuda_graph_budget import CudaGraphBudget
+from .shapes.cuda_graph_budget import CudaGraphBudget
 from .fusible import IdleRecord, idle_record
 from .lowering import LoweringFailed
 from .options.compile_options import CompileOptions
 from .passes import PASSES, PassContext, Progress, passes_uuid, run_passes
-from .shape_manager import CallShape, ShapeDispatcher
+from .shapes.shape_manager import CallShape, ShapeDispatcher
 from .stats import GraphCompile, KilnStats
 
 log = logging.getLogger("kiln")

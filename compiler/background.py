@@ -54,7 +54,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .shapes import tensors_in
+from .shapes.inputs import tensors_in
 
 log = logging.getLogger("kiln")
 

@@ -17,7 +17,7 @@ import torch
 
 from ..choices import COMPILE_MODES
 from . import compat
-from .shapes import activation_indices, shapes_key
+from .shapes.inputs import activation_indices, shapes_key
 
 log = logging.getLogger("kiln")
 

@@ -34,12 +34,12 @@ from . import compat
 from .backend import KilnBackend, device_type_of
 from .blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
-from .cuda_graph_budget import CudaGraphBudget
+from .shapes.cuda_graph_budget import CudaGraphBudget
 from .method import label_of
 from .passes import Progress
 from .plan import KilnPlan
 from .regional import RegionalCompile
-from .shapes import contiguous_inputs, input_shapes, mark_batch_and_resolution_dynamic, mark_schedule_dynamic
+from .shapes.inputs import contiguous_inputs, input_shapes, mark_batch_and_resolution_dynamic, mark_schedule_dynamic
 from .stats import KilnStats
 
 log = logging.getLogger("kiln")
@@ -100,7 +100,7 @@ class KilnModel(torch.nn.Module):
         self._compiled = None           # the torch.compile'd entry function, made on the first call
         self._backend: Optional[KilnBackend] = None
         self._regions: Optional[RegionalCompile] = None  # compiled by blocks: the regions, made on the first call
-        # with cuda_graphs on, what bounds the recordings: the model's input shapes (compiler/cuda_graph_budget.py)
+        # with cuda_graphs on, what bounds the recordings: the model's input shapes (compiler/shapes/cuda_graph_budget.py)
         self._cuda_graphs: Optional[CudaGraphBudget] = None
         self._first_call_cache: Optional[GraphCache] = None  # whose work ahead the first call waits for at its end
 

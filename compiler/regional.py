@@ -48,11 +48,11 @@ from .background import CallerState, HeldInputs, LoweringThread
 from .backend import KilnBackend, device_type_of, lowering_options
 from .blocks import Region
 from .cache import GraphCache, choice_fields
-from .cuda_graph_budget import CudaGraphBudget
+from .shapes.cuda_graph_budget import CudaGraphBudget
 from .options.compile_options import CompileOptions
 from .passes import Progress
-from .shape_manager import CallShape
-from .shapes import contiguous_inputs, model_latent, tensors_in
+from .shapes.shape_manager import CallShape
+from .shapes.inputs import contiguous_inputs, model_latent, tensors_in
 from .stats import KilnStats
 
 log = logging.getLogger("kiln")

@@ -40,7 +40,7 @@ class GraphCompile:
 
 @dataclass
 class VariantRecord:
-    """One shape signature a compiled graph has run (see compiler/shape_manager.py)."""
+    """One shape signature a compiled graph has run (see compiler/shapes/shape_manager.py)."""
 
     graph: int                      # the GraphCompile it belongs to
     signature: str                  # "batch 2, latent 64x64 (512x512 px), context 77, float32 cpu"
@@ -49,7 +49,7 @@ class VariantRecord:
     calls: int = 0
     evicted: bool = False           # dropped by the LRU bound (shapes.max_variants)
     note: str = ""                  # why it was specialised ("pinned", "resolution bucket"), or what failed
-    cuda_graph: str = ""            # with cuda_graphs on: "recorded" or why not (compiler/cuda_graph_budget.py)
+    cuda_graph: str = ""            # with cuda_graphs on: "recorded" or why not (compiler/shapes/cuda_graph_budget.py)
 
     def line(self) -> str:
         extra = f", {self.note}" if self.note else ""

@@ -25,7 +25,7 @@ Compiled whole, pinned shapes are compiled ahead, with the first compile; bucket
 first sampled at the batch the model first ran at (a new batch never compiles unless pinned). The
 first call's own shape, pinned or a bucket, is specialised with the first compile too. By blocks,
 each region's graph gets its static variants when the model first runs at a pinned or bucket shape
-(compiler/shape_manager.py).
+(compiler/shapes/shape_manager.py).
 """
 from __future__ import annotations
 

@@ -430,7 +430,7 @@ def test_the_thread_decides_static_variants_by_the_model_call_its_held_inputs_ca
     """The thread runs in the context of the call that started it; the inputs it lowers may come from a
     later call, at another shape: theirs decides."""
     from kiln.compiler.background import CallerState, HeldInputs
-    from kiln.compiler.shape_manager import CallShape
+    from kiln.compiler.shapes.shape_manager import CallShape
 
     module, other = _net(), torch.randn(2, 8, 3, 5)
     compiled = _compile(module, mode="balanced", compile_unit="blocks", shapes={"pin": ["64x64"]})

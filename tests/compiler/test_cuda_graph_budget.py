@@ -13,7 +13,7 @@ import torch._inductor.config as inductor_config
 from torch._inductor.cudagraph_trees import is_cudagraph_capture_sizes  # what torch asks (2.11 - 2.13)
 
 from kiln.compiler import compat
-from kiln.compiler.cuda_graph_budget import NOT_ASKED, OVER_BOUND, RECORDED, CudaGraphBudget
+from kiln.compiler.shapes.cuda_graph_budget import NOT_ASKED, OVER_BOUND, RECORDED, CudaGraphBudget
 from kiln.compiler.stats import VariantRecord
 
 

@@ -574,11 +574,11 @@ def test_the_models_own_error_still_reaches_the_user():
 
 
 def test_with_cuda_graphs_every_regions_graph_runs_under_the_models_input_shape(monkeypatch):
-    """shapes.max_cuda_graphs counts the model's input shapes, not graphs (compiler/cuda_graph_budget.py):
+    """shapes.max_cuda_graphs counts the model's input shapes, not graphs (compiler/shapes/cuda_graph_budget.py):
     each region's graph runs inside the model call's place. CUDA graphs need a GPU (tests/gpu); here the
     budget is handed the CPU graphs to check what it is asked with."""
     from kiln.compiler.backend import KilnBackend
-    from kiln.compiler.cuda_graph_budget import CudaGraphBudget
+    from kiln.compiler.shapes.cuda_graph_budget import CudaGraphBudget
 
     seen = []
 

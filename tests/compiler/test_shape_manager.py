@@ -166,7 +166,7 @@ def test_a_pinned_shape_whose_inputs_cannot_be_built_is_a_logged_failure(monkeyp
     logged and warned, not an exception out of the model's first call."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from kiln.compiler.shape_manager import ShapeDispatcher
+    from kiln.compiler.shapes.shape_manager import ShapeDispatcher
     from kiln.compiler.stats import KilnStats
 
     x = torch.randn(5, 4, 8, 16)  # no two sizes equal: make_fx would give them one symbol

@@ -157,7 +157,7 @@ def test_a_call_dynamo_leaves_eager_is_reported():
 
 
 def test_slices_are_made_dense_and_dense_layouts_are_kept():
-    from kiln.compiler.shapes import contiguous_inputs
+    from kiln.compiler.shapes.inputs import contiguous_inputs
 
     x = torch.randn(2, 4, 9, 9)
     tile = x[:, :, 1:6, 2:8]
@@ -181,7 +181,7 @@ def test_slices_are_made_dense_and_dense_layouts_are_kept():
 def test_tensors_in_walks_containers_to_a_bound_even_one_that_holds_itself():
     """A block's arguments come from a workflow's nodes: a dict that holds itself or nesting without
     end must not hang or exhaust the stack; tensors deeper than the bound are not marked."""
-    from kiln.compiler.shapes import tensors_in
+    from kiln.compiler.shapes.inputs import tensors_in
 
     a, b, deep = torch.zeros(1), torch.zeros(2), torch.zeros(3)
     options = {"rotary": (a, b), "deeper": ([deep],)}  # a and b three containers in, deep four

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from kiln.compiler.passes import PASSES, GraphPass, PassContext, PassResult
-from kiln.compiler.shapes import mark_batch_and_resolution_dynamic
+from kiln.compiler.shapes.inputs import mark_batch_and_resolution_dynamic
 from testing_utils import rel_err
 
 SHAPES = ("static", "kiln_auto")  # kiln_auto: batch and resolution dynamic, as kiln.compile's default

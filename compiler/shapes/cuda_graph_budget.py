@@ -26,7 +26,7 @@ import contextlib
 import logging
 from typing import Hashable, Optional
 
-from . import compat
+from .. import compat
 
 log = logging.getLogger("kiln")
 

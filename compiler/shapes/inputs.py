@@ -20,7 +20,7 @@ at (seen on ComfyUI's UNet: with a ControlNet applied, every new resolution reco
 A model whose code branches on the size (diffusers' UNet checks that it divides by its upsampling
 factor) gets one more graph for the other branch, with TorchDynamo's reason in the stats. Which
 resolutions deserve static kernels of their own is the shape manager's business
-(compiler/shape_manager.py).
+(compiler/shapes/shape_manager.py).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from . import compat
+from .. import compat
 
 
 def tensors_in(value, depth: int = 2):
@@ -86,7 +86,7 @@ def contiguous_inputs(args, kwargs):
 
 def input_shapes(args, kwargs) -> tuple:
     """The shapes of a call's tensor arguments, positional then keyword (by name): what a model call's
-    CUDA graphs are counted by (compiler/cuda_graph_budget.py)."""
+    CUDA graphs are counted by (compiler/shapes/cuda_graph_budget.py)."""
     shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
     shapes += [tuple(kwargs[k].shape) for k in sorted(kwargs) if isinstance(kwargs[k], torch.Tensor)]
     return tuple(shapes)

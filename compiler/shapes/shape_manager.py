@@ -20,7 +20,7 @@ the model first runs at it, not ahead (what a block is given at a shape not yet 
 
 A static variant never runs a signature other than its own: the dispatcher keys on exact sizes
 and strides, and Inductor's static code asserts them besides. With `cuda_graphs` on, every call
-runs under the model's CudaGraphBudget (compiler/cuda_graph_budget.py), which bounds how many
+runs under the model's CudaGraphBudget (compiler/shapes/cuda_graph_budget.py), which bounds how many
 signatures record a CUDA graph.
 """
 from __future__ import annotations
@@ -33,11 +33,11 @@ from typing import Callable, Optional
 
 import torch
 
-from . import compat
+from .. import compat
 from .cuda_graph_budget import CudaGraphBudget
-from .options.shape_policy import LATENT_FACTOR, PinnedShape, ShapePolicy, ShapePolicyError, pixels_problem
-from .shapes import activation_indices, shapes_key
-from .stats import KilnStats, VariantRecord
+from ..options.shape_policy import LATENT_FACTOR, PinnedShape, ShapePolicy, ShapePolicyError, pixels_problem
+from .inputs import activation_indices, shapes_key
+from ..stats import KilnStats, VariantRecord
 
 log = logging.getLogger("kiln")
 
