@@ -15,7 +15,7 @@ import torch
 from . import compat
 from .cache import GraphCache, entry_fields, graph_hash
 from .shapes.cuda_graph_budget import CudaGraphBudget
-from .fusible import IdleRecord, idle_record
+from .regional.fusible import IdleRecord, idle_record
 from .lowering import LoweringFailed
 from .options.compile_options import CompileOptions
 from .passes import PASSES, PassContext, Progress, passes_uuid, run_passes
@@ -106,7 +106,7 @@ class KilnBackend:
         self._capture_from = None  # the call's start, or the end of its previous graph: TorchDynamo captures from then
         self._breaks_seen = 0      # TorchDynamo's graph-break count at the same moment
         self._breaks_logged: set[str] = set()
-        # a region whose whole block is one graph with nothing to fuse runs eagerly: why (compiler/fusible.py)
+        # a region whose whole block is one graph with nothing to fuse runs eagerly: why (compiler/regional/fusible.py)
         self.kept_eager: Optional[str] = None
         self.kept_idle: Optional[IdleRecord] = None  # set with kept_eager when the block had nothing to fuse
 

@@ -1,6 +1,6 @@
 """The first block's residual, for the step cache's method first_block (compiler/step_cache.py).
 
-`first_block_of(model)` finds the first of the model's blocks (compiler/blocks.py's walk, in model
+`first_block_of(model)` finds the first of the model's blocks (compiler/regional/blocks.py's walk, in model
 order: SD1.5's first ResBlock, Flux's first double block); `first_block_probed(cache, block)`
 observes it for the duration of one model call and hands its residual, output minus input, to
 `cache.probe`, which may end the call there when the step is skipped. The observer sits where Kiln
@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from . import compat
-from .blocks import find_blocks
+from .regional.blocks import find_blocks
 from .step_cache import StepCache, StepCacheError
 
 

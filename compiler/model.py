@@ -14,7 +14,7 @@ backend). Every caller, ComfyUI's wrapper or Python code, calls the KilnModel, a
   torch references).
 
 What it compiles is the plan's `compile_unit`: by blocks (each distinct block once, identical blocks
-sharing its code, the glue between blocks eager: compiler/blocks.py, compiler/regional.py), the
+sharing its code, the glue between blocks eager: compiler/regional/blocks.py, compiler/regional/regional_compile.py), the
 default for a model that repeats blocks, or the whole model as one graph.
 
 `model_for(module, plan)` returns the one KilnModel of that module and plan: running the same plan
@@ -32,13 +32,13 @@ import torch
 
 from . import compat
 from .backend import KilnBackend, device_type_of
-from .blocks import has_repeated_blocks, regions_of
+from .regional.blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
 from .shapes.cuda_graph_budget import CudaGraphBudget
 from .method import label_of
 from .passes import Progress
 from .plan import KilnPlan
-from .regional import RegionalCompile
+from .regional.regional_compile import RegionalCompile
 from .shapes.inputs import contiguous_inputs, input_shapes, mark_batch_and_resolution_dynamic, mark_schedule_dynamic
 from .stats import KilnStats
 
@@ -115,7 +115,7 @@ class KilnModel(torch.nn.Module):
             return getattr(self._modules["_orig_mod"], name)  # dtype, config, ...: the model's own
 
     def wait_lowered(self, timeout: Optional[float] = None) -> list[str]:
-        """Wait for the lowering thread, if any; the regions still waiting (compiler/background.py;
+        """Wait for the lowering thread, if any; the regions still waiting (compiler/regional/background.py;
         kiln.wait_lowered)."""
         if self._regions is None:
             return []

@@ -60,8 +60,8 @@ class VariantRecord:
 
 # why a region of a model compiled by blocks runs eagerly by choice, as the node's line counts them
 EAGER_KINDS = {
-    "nothing_to_fuse": "nothing to fuse",                                # compiler/fusible.py
-    "measured": "measured no faster compiled",                           # compiler/region_choice.py
+    "nothing_to_fuse": "nothing to fuse",                                # compiler/regional/fusible.py
+    "measured": "measured no faster compiled",                           # compiler/regional/region_choice.py
     "class": "not compiled after their class's first",                   # region_choice.ClassVerdicts
     "convolutions": "convolution blocks on a CPU",                       # region_choice.convolutions_on_cpu
 }
@@ -78,7 +78,7 @@ class KilnStats:
     variants: list[VariantRecord] = field(default_factory=list)
     evictions: int = 0              # specialised variants dropped by the LRU bound
     cache: list = field(default_factory=list)  # CacheEvents (compiler/cache): hit or miss per lowering, and why
-    regions: list = field(default_factory=list)  # compiled by blocks: the Regions (compiler/blocks.py); [] for whole
+    regions: list = field(default_factory=list)  # compiled by blocks: the Regions (compiler/regional/blocks.py); [] for whole
     region_fallbacks: dict = field(default_factory=dict)  # region name -> why its compile failed (its blocks run eagerly)
     regions_eager: dict = field(default_factory=dict)  # region name -> why it runs eagerly by choice
     eager_kinds: dict = field(default_factory=dict)  # region name -> which kind of choice (EAGER_KINDS)

@@ -236,8 +236,8 @@ class GraphCache:
 
     def read_records(self, fields: dict) -> dict[str, bytes]:
         """The files of the entry keyed by `fields`, by name: small records kept beside the graphs (a
-        region's measured choice, compiler/region_choice.py; its verdict of nothing to fuse,
-        compiler/fusible.py), or none when there is no entry, the cache is not in "use" mode, or the
+        region's measured choice, compiler/regional/region_choice.py; its verdict of nothing to fuse,
+        compiler/regional/fusible.py), or none when there is no entry, the cache is not in "use" mode, or the
         entry was refused (removed, said in the log). The bytes are the caller's to validate."""
         store = self.store()
         if store is None or self.options.mode != "use":

@@ -118,7 +118,7 @@ def entry_fields(graph: str, example_inputs: Iterable, options: dict, shape_poli
 
 
 def choice_fields(region_signature: str, inputs: Iterable, options: dict, device: str, label: str) -> dict[str, Any]:
-    """Key fields of a region's measured choice (compiler/region_choice.py): the block's signature,
+    """Key fields of a region's measured choice (compiler/regional/region_choice.py): the block's signature,
     its inputs' shapes, strides and dtypes, the options that shape its lowering, the environment and,
     on a CPU, the threads the timing ran on; `label` is shown, not keyed."""
     return {

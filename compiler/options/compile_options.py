@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from ..blocks import COMPILE_UNITS
+from ..regional.blocks import COMPILE_UNITS
 from .inductor_settings import setting_problem
 from ..lowering import LOWERINGS, MODES, Lowering
 from .option_text import parse_mapping_text, shorten
@@ -46,15 +46,15 @@ class CompileOptions:
         Compiled whole, pinned shapes get theirs ahead, with the first compile, and with pins auto
         compiles whole; by blocks (auto with specialize alone, or blocks) each region's graph gets
         static variants for a pinned or bucket shape when the model first runs at it.
-    compile_unit: "auto" | "blocks" | "whole" (COMPILE_UNITS, compiler/blocks.py): compile each
+    compile_unit: "auto" | "blocks" | "whole" (COMPILE_UNITS, compiler/regional/blocks.py): compile each
         distinct block once and share it between identical blocks, or the whole model as one graph.
     measure_regions: by blocks, time each region's first call compiled and eagerly and keep the
         faster, leave a block class uncompiled once its first regions gained under 10%, and on a
         CPU leave blocks with most of their weights in convolutions uncompiled (measured no faster
-        there; compiler/region_choice.py); false compiles every region with something to fuse.
+        there; compiler/regional/region_choice.py); false compiles every region with something to fuse.
     background: by blocks, lower each region in a thread of Kiln's while its blocks run eagerly: the
         first image does not wait for the compile, and each region runs compiled from its first call
-        after its code is ready (compiler/background.py). Not with cuda_graphs or compile_unit whole.
+        after its code is ready (compiler/regional/background.py). Not with cuda_graphs or compile_unit whole.
     """
 
     mode: str = "balanced"

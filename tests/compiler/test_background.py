@@ -1,4 +1,4 @@
-"""Lowering block regions in the background (compiler/background.py): the blocks run eagerly until
+"""Lowering block regions in the background (compiler/regional/background.py): the blocks run eagerly until
 their region's code is ready, one region is lowered at a time, and nothing differs from a region
 lowered in the foreground once it is."""
 import logging
@@ -10,11 +10,12 @@ import pytest
 import torch
 
 import kiln
-from kiln.compiler import CompileOptions, Lowering, OptionsError, parse_expert_options, region_choice
-from kiln.compiler import background
-from kiln.compiler.background import NICENESS, LoweringThread
-from kiln.compiler.region_choice import RegionTiming, fresh_copies
-from kiln.compiler.regional import CompiledRegion
+from kiln.compiler import CompileOptions, Lowering, OptionsError, parse_expert_options
+from kiln.compiler.regional import region_choice
+from kiln.compiler.regional import background
+from kiln.compiler.regional.background import NICENESS, LoweringThread
+from kiln.compiler.regional.region_choice import RegionTiming, fresh_copies
+from kiln.compiler.regional.regional_compile import CompiledRegion
 from testing_utils import Block, fail_lowering_of_width, rel_err, two_region_net
 
 
@@ -69,7 +70,7 @@ def test_blocks_run_eagerly_until_their_region_is_lowered_one_region_at_a_time(g
 
 
 def test_the_inputs_held_for_waiting_regions_are_bounded_and_a_region_past_the_bound_hands_in_later(monkeypatch, gate):
-    from kiln.compiler import background
+    from kiln.compiler.regional import background
 
     module, x = _net(), torch.randn(2, 8, 3, 5)
     one_region = 2 * 15 * 16 * 4  # Block#1's input: batch 2, 15 tokens, 16 channels, fp32
@@ -85,7 +86,7 @@ def test_the_inputs_held_for_waiting_regions_are_bounded_and_a_region_past_the_b
 
 
 def test_a_region_whose_inputs_wait_past_the_bound_asks_the_cache_and_the_rules_once(monkeypatch, gate, tmp_path):
-    from kiln.compiler import background
+    from kiln.compiler.regional import background
 
     asked = []
     real = CompiledRegion._eager_by_stored_choice
@@ -112,7 +113,7 @@ def test_a_region_whose_inputs_wait_past_the_bound_asks_the_cache_and_the_rules_
 
 
 def test_held_inputs_come_back_on_their_device_as_inference_tensors_or_not_and_in_their_containers():
-    from kiln.compiler.background import HeldInputs
+    from kiln.compiler.regional.background import HeldInputs
 
     with torch.inference_mode():
         inference = torch.randn(2, 3)
@@ -324,7 +325,7 @@ def test_a_failing_job_is_logged_and_the_next_still_runs(caplog):
 
 
 def test_a_thread_that_fails_outside_a_job_still_lets_its_waiters_go(monkeypatch, caplog):
-    from kiln.compiler import background
+    from kiln.compiler.regional import background
 
     def refused():
         raise RuntimeError("no thread priority here")
@@ -359,7 +360,7 @@ def test_after_the_exit_hook_the_queued_jobs_are_dropped_and_none_is_taken(caplo
 EXITING = """
 import logging, sys, time
 from pathlib import Path
-from kiln.compiler.background import LoweringThread
+from kiln.compiler.regional.background import LoweringThread
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 done = Path(sys.argv[1])
 def lower(name, seconds):
@@ -429,7 +430,7 @@ def test_a_region_lowered_in_the_background_at_a_pinned_shape_gets_its_static_va
 def test_the_thread_decides_static_variants_by_the_model_call_its_held_inputs_came_from():
     """The thread runs in the context of the call that started it; the inputs it lowers may come from a
     later call, at another shape: theirs decides."""
-    from kiln.compiler.background import CallerState, HeldInputs
+    from kiln.compiler.regional.background import CallerState, HeldInputs
     from kiln.compiler.shapes.shape_manager import CallShape
 
     module, other = _net(), torch.randn(2, 8, 3, 5)

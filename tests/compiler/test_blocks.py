@@ -1,8 +1,8 @@
-"""compiler/blocks.py: which modules are blocks, and which blocks share a region."""
+"""compiler/regional/blocks.py: which modules are blocks, and which blocks share a region."""
 import pytest
 import torch
 
-from kiln.compiler.blocks import find_blocks, has_repeated_blocks, is_block, is_layer, regions_of, signature
+from kiln.compiler.regional.blocks import find_blocks, has_repeated_blocks, is_block, is_layer, regions_of, signature
 
 
 class Block(torch.nn.Module):

@@ -105,7 +105,7 @@ def test_a_copied_graph_still_tells_aotautograd_which_inputs_are_weights():
 
 
 def test_this_torch_keeps_its_settings_per_thread_and_a_thread_started_in_a_copied_context_sees_them():
-    """What lowering in the background rests on (compiler/background.py), in the torch Kiln is tested with."""
+    """What lowering in the background rests on (compiler/regional/background.py), in the torch Kiln is tested with."""
     import contextvars
     import threading
 

@@ -1,9 +1,9 @@
-"""Whether a captured graph gives Inductor anything to fuse (compiler/fusible.py), on TorchDynamo's own graphs."""
+"""Whether a captured graph gives Inductor anything to fuse (compiler/regional/fusible.py), on TorchDynamo's own graphs."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.compiler.fusible import LIBRARY_OPS, IdleRecord, computing_ops, idle_record
+from kiln.compiler.regional.fusible import LIBRARY_OPS, IdleRecord, computing_ops, idle_record
 
 
 def captured(fn, *args) -> torch.fx.GraphModule:

@@ -1,4 +1,4 @@
-"""Compiled or eager per region, by measurement (compiler/region_choice.py), and the choice kept in the cache."""
+"""Compiled or eager per region, by measurement (compiler/regional/region_choice.py), and the choice kept in the cache."""
 import logging
 import math
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import kiln
-from kiln.compiler import CompileOptions, OptionsError, region_choice
-from kiln.compiler.region_choice import MIN_GAIN, RegionTiming, fresh_copies, time_both, why_not_measured
+from kiln.compiler import CompileOptions, OptionsError
+from kiln.compiler.regional import region_choice
+from kiln.compiler.regional.region_choice import MIN_GAIN, RegionTiming, fresh_copies, time_both, why_not_measured
 from testing_utils import rel_err
 
 
@@ -393,7 +394,7 @@ def test_convolution_blocks_compile_with_measure_regions_false_or_a_choice_measu
 
 def test_in_the_background_convolution_blocks_and_stored_choices_are_decided_before_any_input_is_held(
         timings, tmp_path, monkeypatch, caplog):
-    from kiln.compiler.background import LoweringThread
+    from kiln.compiler.regional.background import LoweringThread
 
     handed = []
     real_submit = LoweringThread.submit

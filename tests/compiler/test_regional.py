@@ -1,4 +1,4 @@
-"""Compiling by blocks (compiler/regional.py): each distinct block compiled once, shared by identical blocks."""
+"""Compiling by blocks (compiler/regional/regional_compile.py): each distinct block compiled once, shared by identical blocks."""
 import logging
 
 import pytest
@@ -487,7 +487,7 @@ def test_the_verdict_is_kept_in_the_cache_and_a_new_process_runs_the_region_eage
     assert "1 region(s) eager by choice (1 nothing to fuse)" in info.units_line()
 
     from kiln.compiler.cache import CacheOptions, GraphCache
-    from kiln.compiler.fusible import IDLE_FILE
+    from kiln.compiler.regional.fusible import IDLE_FILE
 
     cache = GraphCache(CacheOptions(dir=str(tmp_path)))
     records = [e for _, e, _ in cache.store().headers() if e is not None and "region_choice" in e.fields]

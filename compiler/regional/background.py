@@ -14,7 +14,7 @@ One thread per model lowers one region at a time (TorchDynamo compiles one frame
 its compile lock), in the order their first calls handed them in, and goes on while the model is idle
 (between ComfyUI's prompts). The inputs wait in host memory (HeldInputs), at most MAX_HELD_BYTES of
 them; a region past that runs eagerly and hands its inputs in at a later call. A region lowered here
-is measured against eager (compiler/region_choice.py) by its first call while the thread is idle, and
+is measured against eager (compiler/regional/region_choice.py) by its first call while the thread is idle, and
 the other regions of its class wait for that: a timing taken beside a lowering would share the cores
 with it, and the class's verdict decides whether they are lowered at all. The thread never calls the
 model's progress callback: ComfyUI's callback reads, and clears, the user's cancel for the prompt,
@@ -54,7 +54,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .shapes.inputs import tensors_in
+from ..shapes.inputs import tensors_in
 
 log = logging.getLogger("kiln")
 

@@ -5,7 +5,7 @@ kernel. A block whose graph is one convolution (SD's Downsample2D) or one resize
 (Upsample2D) has nothing to fuse: the convolution runs the same library kernel compiled or not, and
 one elementwise op alone is one kernel either way. Lowering such a graph still costs a C++ or Triton
 build (a second or two each on a CPU) and every call pays the compiled code's entry and guards, so a
-block region whose graph is one of these runs eagerly instead (compiler/regional.py), and says why.
+block region whose graph is one of these runs eagerly instead (compiler/regional/regional_compile.py), and says why.
 
 With Kiln's cache on, the verdict is kept as a small record (`IdleRecord`) under the region's choice
 key (compiler/cache/key.py `choice_fields`: the block's signature, its inputs' shapes, the lowering
@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from . import compat
+from .. import compat
 from .region_choice import stored_record
 
 # ops that run a library kernel (oneDNN, cuBLAS, cuDNN, flash attention) whether compiled or not

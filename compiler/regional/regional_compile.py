@@ -1,6 +1,6 @@
 """A model compiled by blocks: one compiled entry per region, and the guard around every block call.
 
-`RegionalCompile` holds, for one KilnModel, a `CompiledRegion` per distinct block (compiler/blocks.py).
+`RegionalCompile` holds, for one KilnModel, a `CompiledRegion` per distinct block (compiler/regional/blocks.py).
 Each has an entry function with a code object of its own (TorchDynamo keeps graphs and counts its
 recompile limit per code object, so every region of every model has its own budget) and a
 KilnBackend of its own, sharing the model's stats, cache and CUDA graph budget. While the model runs
@@ -18,13 +18,13 @@ position goes in (a patch may depend on it), each position compiles once, and th
 is sized for the model's blocks.
 
 A region whose block is one graph with nothing for Inductor to fuse (a lone convolution, a resize
-and a convolution: compiler/fusible.py) runs its first call as captured and its blocks eagerly from
+and a convolution: compiler/regional/fusible.py) runs its first call as captured and its blocks eagerly from
 then on (`stats.regions_eager`, with the reason): lowering it would cost a build and gain nothing,
 and every call of a compiled block pays TorchDynamo's entry and guards (~0.1 ms on a CPU).
 
 A region with something to fuse is timed on its first call, right after it compiled, compiled and
 eagerly on copies of the same inputs, and stays compiled only where that is faster
-(compiler/region_choice.py): on a CPU most of SD1.5's ResNet blocks are not. The choice is kept in
+(compiler/regional/region_choice.py): on a CPU most of SD1.5's ResNet blocks are not. The choice is kept in
 Kiln's cache, so a later start never captures a region measured slower; and once the first regions
 of a block class gained less than 10% compiled, the class's other regions are not compiled at all.
 
@@ -43,17 +43,18 @@ from typing import Optional
 
 import torch
 
-from . import compat, fusible, region_choice
+from .. import compat
+from . import fusible, region_choice
 from .background import CallerState, HeldInputs, LoweringThread
-from .backend import KilnBackend, device_type_of, lowering_options
+from ..backend import KilnBackend, device_type_of, lowering_options
 from .blocks import Region
-from .cache import GraphCache, choice_fields
-from .shapes.cuda_graph_budget import CudaGraphBudget
-from .options.compile_options import CompileOptions
-from .passes import Progress
-from .shapes.shape_manager import CallShape
-from .shapes.inputs import contiguous_inputs, model_latent, tensors_in
-from .stats import KilnStats
+from ..cache import GraphCache, choice_fields
+from ..shapes.cuda_graph_budget import CudaGraphBudget
+from ..options.compile_options import CompileOptions
+from ..passes import Progress
+from ..shapes.shape_manager import CallShape
+from ..shapes.inputs import contiguous_inputs, model_latent, tensors_in
+from ..stats import KilnStats
 
 log = logging.getLogger("kiln")
 
@@ -85,7 +86,7 @@ class CompiledRegion:
         self.backend = KilnBackend(options, stats, code=self.code, cache=cache, label=f"{label} {region.name}",
                                    region=region.name, cuda_graph_budget=cuda_graph_budget,
                                    call_shape=current_call_shape)
-        # lowered in the background (compiler/background.py): "waiting" to be handed to the model's
+        # lowered in the background (compiler/regional/background.py): "waiting" to be handed to the model's
         # lowering thread, "handed" to it, "done" (compiled, or eager by choice or failure); None: in
         # the foreground, by the call that finds it uncompiled
         self.background = background
@@ -94,7 +95,7 @@ class CompiledRegion:
         # region whose inputs wait past MAX_HELD_BYTES does not read the cache again at every call
         self.asked_before_hand_in = False
         # lowered in the background: its next call with the lowering thread idle measures it
-        # (compiler/region_choice.py); until then the thread lowers no other region of its class
+        # (compiler/regional/region_choice.py); until then the thread lowers no other region of its class
         self.measure_due = False
         # the lowering thread never calls the model's progress callback (it clears ComfyUI's cancel)
         self.backend.progress = progress.for_region(region) if background is None else None
@@ -140,7 +141,7 @@ class CompiledRegion:
             self._say_if_nothing_compiled()
         return out
 
-    # ---- lowered in the background (compiler/background.py) ------------------------------------
+    # ---- lowered in the background (compiler/regional/background.py) ------------------------------------
 
     def _eagerly_until_lowered(self, block: torch.nn.Module, args: tuple, kwargs: dict):
         """A call before the region's code is ready: its block runs eagerly, and on the region's first
@@ -220,7 +221,7 @@ class CompiledRegion:
 
         return self.backend.run(call, lambda: compat.call_module_body(block, *args, **kwargs), self._fall_back)
 
-    # ---- compiled or eager, by measurement (compiler/region_choice.py) -------------------------
+    # ---- compiled or eager, by measurement (compiler/regional/region_choice.py) -------------------------
 
     def _may_measure(self, args: tuple, kwargs: dict) -> Optional[str]:
         """The device the region runs on when its choice may be measured (and kept); else None."""
@@ -260,7 +261,7 @@ class CompiledRegion:
 
     def _store_idle(self, args: tuple, kwargs: dict) -> None:
         """The region's block had nothing to fuse (its first capture said so): keep the verdict in
-        Kiln's cache, so a later start runs it eagerly without capturing it (compiler/fusible.py)."""
+        Kiln's cache, so a later start runs it eagerly without capturing it (compiler/regional/fusible.py)."""
         if self.cache is not None:
             device = device_type_of((*args, *kwargs.values()))
             self.cache.write_record(self._choice_fields(args, kwargs, device), fusible.IDLE_FILE,
@@ -524,7 +525,7 @@ class RegionalCompile:
         return CallShape(batch, (latent.shape[-2], latent.shape[-1]), self._first_batch)
 
     def wait_lowered(self, timeout: Optional[float] = None) -> bool:
-        """Wait until the lowering thread has lowered every region it can now (compiler/background.py);
+        """Wait until the lowering thread has lowered every region it can now (compiler/regional/background.py);
         False when `timeout` (seconds) ran out first."""
         return self.background is None or self.background.thread.wait(timeout)
 

@@ -59,7 +59,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import compat
+from .. import compat
 
 log = logging.getLogger("kiln")
 
@@ -81,7 +81,7 @@ MAX_CHOICE_BYTES = 1024
 
 def stored_record(data: bytes, where: str, fields: tuple[str, ...], max_bytes: int, what: str) -> dict:
     """A region's record read back from Kiln's cache (a timing here, a verdict of nothing to fuse in
-    compiler/fusible.py): a JSON object of exactly `fields`, read as untrusted data. ValueError, naming
+    compiler/regional/fusible.py): a JSON object of exactly `fields`, read as untrusted data. ValueError, naming
     `where` and what is wrong, when it is not; the values are the caller's to check."""
     if len(data) > max_bytes:
         raise ValueError(f"{where}: {len(data)} bytes, more than {what}'s {max_bytes}")
