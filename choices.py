@@ -2,13 +2,13 @@
 the cache modes, the quantization schemes and the step cache methods.
 
 Standard library only, so ComfyUI's nodes offer the same choices (and tooltips) even when the
-compiler cannot load. The compiler builds its tables on these names (compiler/lowering.py,
+compiler cannot load. The compiler builds its tables on these names (compiler/backend/lowering.py,
 compiler/cache/options.py, compiler/quantize/scheme.py) and refuses any other. To add a choice,
 add it here and give it its row there.
 """
 from __future__ import annotations
 
-# compile mode -> what it means (compiler/lowering.py says how each lowers a graph)
+# compile mode -> what it means (compiler/backend/lowering.py says how each lowers a graph)
 COMPILE_MODES = {
     "fast": "quick compile: Kiln's rewrite passes, then the rewritten FX graph runs directly (no Inductor)",
     "balanced": "default: Kiln's passes, then Inductor's default lowering",

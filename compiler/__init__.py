@@ -3,7 +3,7 @@ from .api import compile, stats, wait_lowered
 from .cache import (CACHE_MODES, CacheEntryError, CacheError, CacheLocationError, CacheOptions, CacheOptionsError,
                     CacheStore, CacheTrustError, cache_problem, default_cache_dir, describe_cache, server_cache_dir)
 from .method import MethodModule, label_of, method_module
-from .lowering import LOWERINGS, MODES, Lowering
+from .backend.lowering import LOWERINGS, MODES, Lowering
 from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailable_reason
 from .options.compile_options import CompileOptions, OptionsError, parse_expert_options
 from .passes import PASS_NAMES

@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 
 from . import compat
-from .backend import KilnBackend, device_type_of
+from .backend.dynamo_backend import KilnBackend, device_type_of
 from .regional.blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
 from .shapes.cuda_graph_budget import CudaGraphBudget

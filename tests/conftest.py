@@ -42,11 +42,11 @@ def _no_background_cpu_probe(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _no_cpu_header_built_ahead(monkeypatch):
-    """No test's CPU lowering starts Inductor's header build in a background thread (compiler/lowering.py,
+    """No test's CPU lowering starts Inductor's header build in a background thread (compiler/backend/lowering.py,
     build_cpu_header_ahead), whose log lines and gcc would land in whichever test runs next; Inductor
     builds the header itself. tests/compiler/test_lowering.py and tests/cache/test_headers.py turn it back on
     where they test it, and the processes tests/cache/test_compile_cache.py starts run it as a user's would."""
-    from kiln.compiler import lowering
+    from kiln.compiler.backend import lowering
 
     monkeypatch.setattr(lowering, "_header_asked", True)
 

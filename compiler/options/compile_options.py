@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional
 
 from ..regional.blocks import COMPILE_UNITS
 from .inductor_settings import setting_problem
-from ..lowering import LOWERINGS, MODES, Lowering
+from ..backend.lowering import LOWERINGS, MODES, Lowering
 from .option_text import parse_mapping_text, shorten
 from .shape_policy import ShapePolicy, ShapePolicyError
 
@@ -113,7 +113,7 @@ class CompileOptions:
 
     @property
     def lowering(self) -> Lowering:
-        """How this mode lowers the rewritten graph (compiler/lowering.py)."""
+        """How this mode lowers the rewritten graph (compiler/backend/lowering.py)."""
         return LOWERINGS[self.mode]
 
     def switch(self, pass_name: str) -> str:

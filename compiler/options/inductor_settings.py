@@ -6,7 +6,7 @@ A workflow is untrusted, and Inductor's config holds far more than tuning: the C
 So only the tuning settings in TUNING are accepted, each with the values it may take: they change
 which kernels Inductor picks and how it fuses them, never what runs, where files go or where code
 comes from. Kiln's own choices stay Kiln's: `mode: max` applies torch's max-autotune-no-cudagraphs
-preset itself (compiler/lowering.py), and CUDA graphs come from the `cuda_graphs` option.
+preset itself (compiler/backend/lowering.py), and CUDA graphs come from the `cuda_graphs` option.
 """
 from __future__ import annotations
 

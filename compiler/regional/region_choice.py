@@ -44,7 +44,7 @@ measured.
 Not measured (the region stays compiled, as before): a block with hooks, or with ComfyUI patches a
 block calls (a patch may keep state, and measuring runs the block 2 x ROUNDS more times), a region
 whose first call broke into several graphs or compiled again, and where keeping a region eager is
-never chosen (autotuning, CUDA graphs: compiler/backend.py `may_keep_eager`), or with
+never chosen (autotuning, CUDA graphs: compiler/backend/dynamo_backend.py `may_keep_eager`), or with
 `measure_regions: false`.
 """
 from __future__ import annotations

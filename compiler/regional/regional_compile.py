@@ -46,7 +46,7 @@ import torch
 from .. import compat
 from . import fusible, region_choice
 from .background import CallerState, HeldInputs, LoweringThread
-from ..backend import KilnBackend, device_type_of, lowering_options
+from ..backend.dynamo_backend import KilnBackend, device_type_of, lowering_options
 from .blocks import Region
 from ..cache import GraphCache, choice_fields
 from ..shapes.cuda_graph_budget import CudaGraphBudget

@@ -447,7 +447,7 @@ def test_the_header_built_ahead_of_a_cpu_lowering_starts_after_the_cache_wrote_i
     import torch
 
     from kiln import CompileOptions
-    from kiln.compiler import lowering
+    from kiln.compiler.backend import lowering
 
     order = []
     restore = headers.restore

@@ -1,4 +1,4 @@
-"""compiler/lowering.py: what each mode's lowering makes of a graph. Mode fast with CUDA graphs records
+"""compiler/backend/lowering.py: what each mode's lowering makes of a graph. Mode fast with CUDA graphs records
 one CUDA graph per input shape signature (torch's `cudagraphs` backend alone records the first
 shapes and fails at the first new size, seen on an H200); the recordings themselves need a GPU
 (tests/gpu), the bookkeeping is checked here with torch's backend replaced by a stand-in."""
@@ -14,7 +14,8 @@ import torch
 import torch._inductor.config as inductor_config
 
 from kiln import CompileOptions
-from kiln.compiler import compat, lowering
+from kiln.compiler import compat
+from kiln.compiler.backend import lowering
 
 
 class _Backend:
@@ -145,7 +146,7 @@ def test_a_weight_is_not_part_of_the_signature_and_a_failure_is_a_failed_lowerin
 
 
 def test_a_failed_lowering_sends_the_call_to_eager_like_a_failed_compile():
-    from kiln.compiler.backend import KilnBackend
+    from kiln.compiler.backend.dynamo_backend import KilnBackend
     from kiln.compiler.options.compile_options import CompileOptions
     from kiln.compiler.stats import KilnStats
 
@@ -185,7 +186,7 @@ def test_fast_mode_lowers_to_the_per_signature_recorder_only_with_cuda_graphs_on
 def test_mode_fast_with_cuda_graphs_says_once_that_its_recordings_copy_the_weights(monkeypatch, caplog):
     import logging
 
-    from kiln.compiler import backend as backend_module
+    from kiln.compiler.backend import dynamo_backend as backend_module
     from kiln.compiler.stats import KilnStats
 
     monkeypatch.setattr(backend_module, "device_type_of", lambda inputs: "cuda")  # what a CUDA model's inputs say
@@ -430,7 +431,8 @@ WORKERS_CHILD = """
 import os, torch
 from torch._inductor.async_compile import AsyncCompile
 from kiln import CompileOptions
-from kiln.compiler import compat, lowering
+from kiln.compiler import compat
+from kiln.compiler.backend import lowering
 
 def children():
     found = []

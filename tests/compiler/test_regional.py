@@ -518,7 +518,7 @@ def test_when_the_regions_with_something_to_fuse_all_fail_the_model_says_it_runs
 
 
 def test_regions_with_nothing_to_fuse_are_lowered_where_lowering_pays_anyway():
-    from kiln.compiler.backend import KilnBackend
+    from kiln.compiler.backend.dynamo_backend import KilnBackend
     from kiln.compiler.stats import KilnStats
 
     def may_keep_eager(device="cpu", **options):
@@ -577,7 +577,7 @@ def test_with_cuda_graphs_every_regions_graph_runs_under_the_models_input_shape(
     """shapes.max_cuda_graphs counts the model's input shapes, not graphs (compiler/shapes/cuda_graph_budget.py):
     each region's graph runs inside the model call's place. CUDA graphs need a GPU (tests/gpu); here the
     budget is handed the CPU graphs to check what it is asked with."""
-    from kiln.compiler.backend import KilnBackend
+    from kiln.compiler.backend.dynamo_backend import KilnBackend
     from kiln.compiler.shapes.cuda_graph_budget import CudaGraphBudget
 
     seen = []

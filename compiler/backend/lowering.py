@@ -15,9 +15,9 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from ..choices import COMPILE_MODES
-from . import compat
-from .shapes.inputs import activation_indices, shapes_key
+from ...choices import COMPILE_MODES
+from .. import compat
+from ..shapes.inputs import activation_indices, shapes_key
 
 log = logging.getLogger("kiln")
 

@@ -12,15 +12,15 @@ from typing import Callable, Optional
 
 import torch
 
-from . import compat
-from .cache import GraphCache, entry_fields, graph_hash
-from .shapes.cuda_graph_budget import CudaGraphBudget
-from .regional.fusible import IdleRecord, idle_record
+from .. import compat
+from ..cache import GraphCache, entry_fields, graph_hash
+from ..shapes.cuda_graph_budget import CudaGraphBudget
+from ..regional.fusible import IdleRecord, idle_record
 from .lowering import LoweringFailed
-from .options.compile_options import CompileOptions
-from .passes import PASSES, PassContext, Progress, passes_uuid, run_passes
-from .shapes.shape_manager import CallShape, ShapeDispatcher
-from .stats import GraphCompile, KilnStats
+from ..options.compile_options import CompileOptions
+from ..passes import PASSES, PassContext, Progress, passes_uuid, run_passes
+from ..shapes.shape_manager import CallShape, ShapeDispatcher
+from ..stats import GraphCompile, KilnStats
 
 log = logging.getLogger("kiln")
 
@@ -206,7 +206,7 @@ class KilnBackend:
         if self.options.cuda_graphs and device != "cuda" and not self._warned_cuda_graphs:
             self._warned_cuda_graphs = True
             log.warning("Kiln: cuda_graphs is on but the model runs on %s; CUDA graphs are not used", device)
-        from ..kernels import triton_available
+        from ...kernels import triton_available
 
         lowering = self.options.lowering
         if self.options.cuda_graphs and device == "cuda" and not lowering.uses_inductor \
