@@ -31,7 +31,7 @@ SCHEMES = {
     "int8_tensorwise": "ComfyUI's int8 format: int8 weights, one scale per tensor (ComfyUI 0.33 loads the file)",
 }
 
-# step cache method -> what it skips (compiler/step_cache.py)
+# step cache method -> what it skips (compiler/step_cache/decision.py)
 STEP_CACHE_METHODS = {
     "reuse": "skip the whole model while its output is estimated to change less than the threshold, "
              "reusing the last computed step's change (output - input); the estimate is the input's change "

@@ -16,9 +16,9 @@ from .quantize import readers as quantized_file_readers
 from .quantize import save as save_quantized
 from .options.shape_policy import ShapePolicyError
 from .stats import GraphCompile, KilnStats
-from .first_block_probe import first_block_of, first_block_probed
-from .step_cache import StepCache, StepCacheError, StepCacheOptions, StepCacheReport
-from .step_cached_model import StepCachedModel, step_cached
+from .step_cache.first_block_probe import first_block_of, first_block_probed
+from .step_cache.decision import StepCache, StepCacheError, StepCacheOptions, StepCacheReport
+from .step_cache.step_cached_model import StepCachedModel, step_cached
 
 __all__ = ["compile", "stats", "wait_lowered", "first_block_of", "first_block_probed", "StepCache", "StepCacheError", "StepCacheOptions",
            "StepCacheReport", "StepCachedModel", "step_cached", "CompileOptions", "OptionsError", "ShapePolicyError", "KilnUnavailable", "KilnStats",

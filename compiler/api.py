@@ -12,8 +12,8 @@ from .options.compile_options import CompileOptions, OptionsError
 from .passes import Progress
 from .plan import KilnPlan
 from .stats import KilnStats
-from .step_cache import StepCacheOptions
-from .step_cached_model import StepCachedModel, step_cached
+from .step_cache.decision import StepCacheOptions
+from .step_cache.step_cached_model import StepCachedModel, step_cached
 
 
 def compile(module: torch.nn.Module, options: Union[CompileOptions, str] = "balanced", dynamic: Optional[bool] = None,

@@ -1,6 +1,6 @@
 """Kiln › Step Cache: MODEL in, MODEL out that skips the model evaluations a sampling run does not need.
 
-The rule and its state are the compiler's (compiler/step_cache.py); this node rides on ComfyUI's
+The rule and its state are the compiler's (compiler/step_cache/decision.py); this node rides on ComfyUI's
 sampling wrappers. OUTER_SAMPLE starts a fresh StepCache for every sampling run (a new prompt, size,
 step count, sampler or denoise starts afresh) and shows its report when the run ends. APPLY_MODEL
 puts each model call through it: the input as the model sees it (`model_sampling.calculate_input`)
@@ -89,7 +89,7 @@ class StepCacheSampling:
         self.cache = cache
         self.node_id = node_id
         self.sigmas = None  # the run's schedule: a call's progress is its sigma's place in it
-        self.compiler = compiler  # method first_block: its probe (compiler/first_block_probe.py)
+        self.compiler = compiler  # method first_block: its probe (compiler/step_cache/first_block_probe.py)
         self.first_block = None  # (diffusion model, its first block), found once per model
 
     def outer_sample(self, executor, *args, **kwargs):

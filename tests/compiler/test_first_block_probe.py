@@ -1,4 +1,4 @@
-"""The step cache's method first_block (compiler/first_block_probe.py, compiler/step_cache.py): the first
+"""The step cache's method first_block (compiler/step_cache/first_block_probe.py, compiler/step_cache/decision.py): the first
 block's residual decides, a skipped step ends the model call there, eagerly and compiled alike."""
 import types
 
@@ -7,7 +7,7 @@ import torch
 
 import kiln
 from kiln.compiler import CompileOptions, StepCache, StepCacheError, StepCacheOptions, compat, step_cached
-from kiln.compiler.first_block_probe import first_block_of, first_block_probed, first_tensor_input, residual
+from kiln.compiler.step_cache.first_block_probe import first_block_of, first_block_probed, first_tensor_input, residual
 
 
 class Block(torch.nn.Module):

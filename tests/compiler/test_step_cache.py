@@ -1,4 +1,4 @@
-"""The step cache's rule and state (compiler/step_cache.py), on models whose outputs are known."""
+"""The step cache's rule and state (compiler/step_cache/decision.py), on models whose outputs are known."""
 import pytest
 import torch
 
@@ -125,7 +125,7 @@ def test_keys_called_alike_are_reported_apart():
 
 def test_a_run_keeps_a_bounded_number_of_conds():
     """Each cond holds latent-sized tensors; a workflow with endless conds gets an error, not the memory."""
-    from kiln.compiler.step_cache import MAX_KEYS
+    from kiln.compiler.step_cache.decision import MAX_KEYS
 
     cache = StepCache(StepCacheOptions(threshold=0))
     for key in range(MAX_KEYS):

@@ -1,4 +1,4 @@
-"""The first block's residual, for the step cache's method first_block (compiler/step_cache.py).
+"""The first block's residual, for the step cache's method first_block (compiler/step_cache/decision.py).
 
 `first_block_of(model)` finds the first of the model's blocks (compiler/regional/blocks.py's walk, in model
 order: SD1.5's first ResBlock, Flux's first double block); `first_block_probed(cache, block)`
@@ -16,9 +16,9 @@ from typing import Any, Optional
 
 import torch
 
-from . import compat
-from .regional.blocks import find_blocks
-from .step_cache import StepCache, StepCacheError
+from .. import compat
+from ..regional.blocks import find_blocks
+from .decision import StepCache, StepCacheError
 
 
 def first_block_of(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:

@@ -13,7 +13,7 @@ from typing import Optional, Union
 import torch
 
 from .first_block_probe import first_block_of, first_block_probed
-from .step_cache import StepCache, StepCacheError, StepCacheOptions, StepCacheReport
+from .decision import StepCache, StepCacheError, StepCacheOptions, StepCacheReport
 
 
 class StepCachedModel(torch.nn.Module):
@@ -56,7 +56,7 @@ class StepCachedModel(torch.nn.Module):
 
 def step_cached(module: torch.nn.Module, options: Union[StepCacheOptions, dict, None] = None,
                 num_train_timesteps: float = 1000) -> StepCachedModel:
-    """`module` behind a step cache (compiler/step_cache.py); `options` a StepCacheOptions or a mapping."""
+    """`module` behind a step cache (compiler/step_cache/decision.py); `options` a StepCacheOptions or a mapping."""
     if isinstance(options, dict):
         options = StepCacheOptions.from_mapping(options)
     return StepCachedModel(module, options, num_train_timesteps)

@@ -17,7 +17,7 @@ when it has a change of its own to reuse. The decision is made outside the model
 graphs never see it: changing the threshold or the step count recompiles nothing.
 
 With method `first_block` (First Block Cache's rule), every step runs the model's first block
-(compiler/first_block_probe.py observes it) and compares its residual, output minus input, with the
+(compiler/step_cache/first_block_probe.py observes it) and compares its residual, output minus input, with the
 one of the last computed step: while their mean absolute difference, relative to that residual's
 size, stays under `threshold`, the rest of the model is skipped (the call ends at the first block)
 and the step is answered as above. It measures inside the model where `reuse` estimates from the
@@ -34,9 +34,8 @@ from typing import Any, Callable, Hashable, Mapping, Optional
 
 import torch
 
-from ..choices import (DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS,
-                       STEP_CACHE_THRESHOLDS)
-from .options.option_text import check_keys, shorten
+from ...choices import (DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS, STEP_CACHE_THRESHOLDS)
+from ..options.option_text import check_keys, shorten
 
 MAX_KEYS = 64  # conds kept per run, each holding three latent-sized tensors: a workflow cannot ask for more
 
