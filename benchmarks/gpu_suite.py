@@ -9,8 +9,8 @@ well under the step means the GPU waits on the host), compile time, peak memory,
 eager, model FLOPs per step, and the fraction of the measured matmul ceiling; after the other
 variants, eager is timed again (`eager again (timed last)`): how far the host's speed and the
 profiler's hooks moved over the run, where a step waits on the host. Results go to
-benchmarks/results/<date>-<gpu>.json with the raw log beside it, and the README's Performance
-table is regenerated from the newest result. A failing variant is recorded with its error and
+benchmarks/results/<date>-<gpu>.json with the raw log beside it, and its table joins those of
+earlier runs in docs/gpu-results.md. A failing variant is recorded with its error and
 the rest still run. Besides Kiln and a CUDA torch it needs only diffusers (a pure-Python wheel).
 """
 from __future__ import annotations
@@ -35,8 +35,10 @@ from ..testing.models import MODELS
 from .side_by_side import sync, warm_up_compiler
 
 RESULTS = Path(__file__).resolve().parent / "results"
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_PAGE = ROOT / "docs" / "gpu-results.md"  # the suite's tables, one per run, after MARK
 MARK = "<!-- PERFORMANCE -->"
+TABLE_START = "GPU suite, "  # each table's first line
 
 
 @dataclass(frozen=True)
@@ -293,9 +295,11 @@ def rows_written(path: Path, data: dict, rows: list):
     return write
 
 
-def performance_table(data: dict) -> str:
-    lines = [f"GPU suite, {data['date']}, {data['machine']['device']} (torch {data['machine']['torch']}); "
-             f"matmul ceiling {data['ceiling_tflops']:.0f} TFLOP/s. Speedup is vs eager in the same run.", "",
+def performance_table(data: dict, source: Optional[str] = None) -> str:
+    """One run's table; `source`, the results file it came from, is named in its first line."""
+    named = f" Results file: `{source}`." if source else ""
+    lines = [f"{TABLE_START}{data['date']}, {data['machine']['device']} (torch {data['machine']['torch']}); "
+             f"matmul ceiling {data['ceiling_tflops']:.0f} TFLOP/s. Speedup is vs eager in the same run.{named}", "",
              "| case | variant | ms/step | GPU busy ms | vs eager | % of ceiling | compile s | peak GB | rel err |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in data["results"]:
@@ -309,15 +313,32 @@ def performance_table(data: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(data: dict | list[dict], readme: Optional[Path] = None) -> None:
-    """Replace everything after the PERFORMANCE marker with the table of `data`, or one table per
-    result in a list (the parts of one GPU run, each with its own machine line)."""
-    readme = readme or README
-    text = readme.read_text()
+def source_name(path: Path) -> str:
+    """A results file as the page names it: from the repository root where it lies inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
+def update_results_page(data: dict | list[dict], page: Optional[Path] = None, sources: Optional[list] = None,
+                        keep: bool = False) -> None:
+    """Write the table of `data`, or one table per result in a list (the parts of one GPU run, each with
+    its own machine line), after the PERFORMANCE marker of `page` (docs/gpu-results.md), each naming its
+    results file from `sources` (same order). Without `keep` they replace every table after the marker
+    (`--table-from`: the page rebuilt from the files given); with it, the tables already there stay, less
+    any from the same results file, and a GPU run's own table goes last, so no run is dropped."""
+    page = page or RESULTS_PAGE
+    text = page.read_text()
     if MARK not in text:
-        raise ValueError(f"{readme} has no {MARK} marker")
-    tables = "\n\n".join(performance_table(d) for d in (data if isinstance(data, list) else [data]))
-    readme.write_text(text[: text.index(MARK) + len(MARK)] + "\n" + tables + "\n")
+        raise ValueError(f"{page} has no {MARK} marker")
+    runs = data if isinstance(data, list) else [data]
+    names = list(sources) if sources else [None] * len(runs)
+    tables = [performance_table(d, name) for d, name in zip(runs, names)]
+    head, tail = text[: text.index(MARK) + len(MARK)], text[text.index(MARK) + len(MARK):]
+    if keep:
+        earlier = [TABLE_START + part.strip() for part in ("\n" + tail).split("\n" + TABLE_START)[1:]]
+        tables = [table for table in earlier
+                  if not any(name and f"Results file: `{name}`." in table.split("\n", 1)[0] for name in names)] + tables
+    page.write_text(head + "\n" + "\n\n".join(tables) + "\n")
 
 
 def main(argv=None) -> int:
@@ -327,13 +348,15 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for <date>-<device>.json and .log")
-    parser.add_argument("--no-readme", action="store_true", help="do not regenerate the README table")
-    parser.add_argument("--readme-from", type=Path, nargs="+", metavar="JSON",
-                        help="only regenerate the README table from results files (e.g. written on a CUDA machine), "
-                             "a table each")
+    parser.add_argument("--no-table", "--no-readme", dest="no_table", action="store_true",
+                        help="do not add this run's table to docs/gpu-results.md")
+    parser.add_argument("--table-from", "--readme-from", dest="table_from", type=Path, nargs="+", metavar="JSON",
+                        help="only rebuild docs/gpu-results.md's tables from results files (e.g. written on a CUDA "
+                             "machine), a table each, in the order given")
     args = parser.parse_args(argv)
-    if args.readme_from:
-        update_readme([json.loads(path.read_text()) for path in args.readme_from])
+    if args.table_from:
+        update_results_page([json.loads(path.read_text()) for path in args.table_from],
+                            sources=[source_name(path) for path in args.table_from])
         return 0
     device = "cpu" if args.tiny else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
@@ -380,8 +403,8 @@ def main(argv=None) -> int:
             f"{QUANT_WEIGHT_FRACTION:.0%}): {'met' if target['met'] else 'NOT met'}")
     (args.out / f"{stamp}.json").write_text(json.dumps(data, indent=2))
     log(f"wrote {args.out / (stamp + '.json')}")
-    if not args.no_readme and not args.tiny:
-        update_readme(data)
+    if not args.no_table and not args.tiny:
+        update_results_page(data, sources=[source_name(args.out / f"{stamp}.json")], keep=True)
     return 0
 
 

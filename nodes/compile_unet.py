@@ -26,7 +26,7 @@ class KilnCompileUNet:
                 "mode": shared.mode_widget(),
                 "dynamic": (list(DYNAMIC), {"default": "auto", "tooltip":
                             "auto: any batch size from the first compile, other sizes dynamic once they change; true: all dynamic; false: specialise"}),
-                "cuda_graphs": ("BOOLEAN", {"default": False, "tooltip": "capture CUDA graphs (CUDA only): on a GPU, by blocks, what made SD1.5 faster than eager"}),
+                "cuda_graphs": ("BOOLEAN", {"default": False, "tooltip": "capture CUDA graphs (CUDA only): by blocks, one graph replay per region instead of its kernel launches; off by default until checked in mode fast and through ComfyUI"}),
             },
             "optional": {
                 "pin_shapes": ("STRING", {"default": "", "tooltip":

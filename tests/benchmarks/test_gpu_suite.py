@@ -59,36 +59,64 @@ def test_a_run_cut_short_keeps_the_rows_it_finished(tmp_path, monkeypatch):
     assert [r["variant"] for r in rows] == ["eager", "kiln fast"] and rows[1]["ms"] > 0
 
 
-def test_readme_table_is_regenerated_after_the_marker(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# Kiln\n\n## Performance\n{gpu_suite.MARK}\nold table\n")
+def test_results_page_table_is_regenerated_after_the_marker(tmp_path):
+    page = tmp_path / "gpu-results.md"
+    page.write_text(f"# GPU results\n\nwhat each run was\n{gpu_suite.MARK}\nold table\n")
     data = {"date": "2026-11-22", "ceiling_tflops": 790.0, "machine": {"device": "NVIDIA H100", "torch": "2.11"},
             "results": [{"case": "sd15-512-cfg", "variant": "kiln balanced", "ms": 10.0, "speedup": 2.0, "ceiling_fraction": 0.2,
                          "compile_s": 60.0, "peak_mem_gb": 3.0, "rel_err": 1e-3, "error": None},
                         {"case": "sd15-512-cfg", "variant": "kiln max", "error": "OOM"}]}
-    gpu_suite.update_readme(data, readme)
-    text = readme.read_text()
-    assert "old table" not in text and text.startswith("# Kiln")
+    gpu_suite.update_results_page(data, page)
+    text = page.read_text()
+    assert "old table" not in text and text.startswith("# GPU results\n\nwhat each run was\n")  # the text above is kept
     assert "| sd15-512-cfg | kiln balanced | 10.00 | - | 2.00x | 20.0% | 60 | 3.0 | 1.0e-03 |" in text  # no busy time kept
     assert "| sd15-512-cfg | kiln max | failed: OOM |" in text
     data["results"][0]["busy_ms"] = 4.5
-    gpu_suite.update_readme(data, readme)
-    assert "| sd15-512-cfg | kiln balanced | 10.00 | 4.50 | 2.00x |" in readme.read_text()
+    gpu_suite.update_results_page(data, page, sources=["benchmarks/results/2026-11-22-h100.json"])
+    text = page.read_text()
+    assert "| sd15-512-cfg | kiln balanced | 10.00 | 4.50 | 2.00x |" in text
+    assert "Results file: `benchmarks/results/2026-11-22-h100.json`." in text  # every table names its run's file
 
 
-def test_readme_from_a_results_file(tmp_path, monkeypatch):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"x\n{gpu_suite.MARK}\n")
-    monkeypatch.setattr(gpu_suite, "README", readme)
+def test_a_gpu_runs_table_joins_the_earlier_ones(tmp_path):
+    """After a GPU run its table goes last and every earlier run's stays, but one from the same file."""
+    page = tmp_path / "gpu-results.md"
+    page.write_text(f"x\n{gpu_suite.MARK}\n")
+
+    def run(date, ms):
+        return {"date": date, "ceiling_tflops": 1.0, "machine": {"device": "H200", "torch": "2.11"},
+                "results": [{"case": "c", "variant": "eager", "ms": ms, "speedup": 1.0, "ceiling_fraction": 0.1,
+                             "compile_s": 0.0, "peak_mem_gb": None, "rel_err": 0.0, "error": None}]}
+
+    gpu_suite.update_results_page(run("a", 1.0), page, sources=["a.json"], keep=True)
+    gpu_suite.update_results_page(run("b", 2.0), page, sources=["b.json"], keep=True)
+    text = page.read_text()
+    assert text.index("GPU suite, a,") < text.index("GPU suite, b,")  # the newest last, none dropped
+    gpu_suite.update_results_page(run("a", 3.0), page, sources=["a.json"], keep=True)  # the same file again
+    text = page.read_text()
+    assert text.count("GPU suite, a,") == 1 and "| c | eager | 3.00 |" in text and "| c | eager | 1.00 |" not in text
+    assert text.index("GPU suite, b,") < text.index("GPU suite, a,")  # a run's new table goes last
+    assert text.startswith(f"x\n{gpu_suite.MARK}\n") and text.count("GPU suite, b,") == 1
+
+
+def test_results_page_from_results_files(tmp_path, monkeypatch):
+    page = tmp_path / "gpu-results.md"
+    page.write_text(f"x\n{gpu_suite.MARK}\n")
+    monkeypatch.setattr(gpu_suite, "RESULTS_PAGE", page)
     results = tmp_path / "r.json"
     results.write_text(json.dumps({"date": "d", "ceiling_tflops": 1.0, "machine": {"device": "H100", "torch": "2.11"}, "results": []}))
-    assert gpu_suite.main(["--readme-from", str(results)]) == 0
-    assert "GPU suite, d, H100" in readme.read_text()
+    assert gpu_suite.main(["--table-from", str(results)]) == 0
+    assert "GPU suite, d, H100" in page.read_text() and "Results file: `r.json`." in page.read_text()
     other = tmp_path / "s.json"  # the parts of one GPU run: a table each, in the order given
     other.write_text(json.dumps({"date": "e", "ceiling_tflops": 1.0, "machine": {"device": "H200", "torch": "2.11"}, "results": []}))
-    assert gpu_suite.main(["--readme-from", str(results), str(other)]) == 0
-    text = readme.read_text()
+    assert gpu_suite.main(["--readme-from", str(results), str(other)]) == 0  # the option's old name still works
+    text = page.read_text()
     assert text.index("GPU suite, d, H100") < text.index("GPU suite, e, H200")
+
+
+def test_the_results_page_exists_with_its_marker():
+    """The suite writes its tables into docs/gpu-results.md, after the marker (not into the README)."""
+    assert gpu_suite.MARK in gpu_suite.RESULTS_PAGE.read_text()
 
 
 def test_every_variant_can_be_named_in_variants():
