@@ -74,7 +74,7 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
               modes=("balanced",), rounds: int = 8, steps: int = 3, dynamic=None, log=print,
               units=("auto",), all_regions: bool = False) -> dict:
     from .. import compiler as kiln
-    from ..compiler.compat import fresh_inductor_cache, inductor_cache_hits
+    from ..compiler.torch_compat.inductor import fresh_inductor_cache, inductor_cache_hits
 
     spec = MODELS[model]
     module = spec.build(size, dtype=DTYPES[dtype], device=device)

@@ -8,11 +8,12 @@ Every run is a fresh process (`python -m kiln.benchmarks.cache_bench --child ...
                   the warm run is torch.compile's own warm start
 
 Each child builds the model first (not timed), then times compile + first step, and reports
-TorchDynamo's capture, the lowering, Inductor's cache counters and a checksum of the output. Every
-child gets a fresh TORCHINDUCTOR_CACHE_DIR and a fresh temporary folder (TMPDIR: Inductor keeps its
-precompiled C++ headers there whatever TORCHINDUCTOR_CACHE_DIR says), except torch.compile warm,
-which reuses cold's, so no run is helped by a cache it is not meant to have: Kiln's warm start is a
-restart after the system's temporary folder was cleared, torch.compile's one that kept it.
+TorchDynamo's capture, the lowering, Inductor's cache counters and a checksum of the output. Each
+warm start is a restart that keeps Inductor's own folders, as a server's restart does: the two Kiln
+runs share one TORCHINDUCTOR_CACHE_DIR and temporary folder (TMPDIR: Inductor keeps its precompiled
+C++ headers there whatever TORCHINDUCTOR_CACHE_DIR says), the two torch.compile runs another. Kiln
+lowers into folders of its own, so its warm run gets its graphs only from Kiln's cache; what it finds
+in Inductor's own folders is the CPU probe's programs and the C++ header, as torch.compile's does.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def child(args) -> dict:
     import torch
 
     from .. import compiler as kiln
-    from ..compiler import compat
+    from ..compiler.torch_compat import inductor
     from .side_by_side import DTYPES, sync
     from ..testing.models import MODELS
 
@@ -50,14 +51,14 @@ def child(args) -> dict:
         fn = kiln.compile(module, mode=args.mode, cache_dir=args.cache_dir)
     else:
         fn = torch.compile(module)
-    before = compat.inductor_cache_counts()
+    before = inductor.inductor_cache_counts()
     with torch.inference_mode():
         sync(args.device)
         start = time.perf_counter()
         out = fn(*inputs, **kwargs)[0]
         sync(args.device)
         first = time.perf_counter() - start
-    counts = {k: v - before[k] for k, v in compat.inductor_cache_counts().items() if v - before[k]}
+    counts = {k: v - before[k] for k, v in inductor.inductor_cache_counts().items() if v - before[k]}
     result = {"run": args.run, "first_step_s": first, "inductor": counts, "checksum": float(out.double().abs().sum())}
     if args.run.startswith("kiln"):
         stats = kiln.stats(fn)
@@ -96,15 +97,13 @@ def run_cache_bench(args, log=print) -> dict:
 
     work = tempfile.mkdtemp(prefix="kiln-cache-bench-")
     cache_dir = os.path.join(work, "kiln-cache")
-    torch_inductor = os.path.join(work, "inductor-torch-compile")
     log(f"kiln bench --cache: {MODELS[args.model].description}, {args.size} size, {args.device} {args.dtype}, "
         f"batch {args.batch}, Kiln mode {args.cache_mode}; each run a fresh process")
     rows = []
     try:
         for run in RUNS:
-            own = run.replace(" ", "-")
-            inductor_dir = torch_inductor if run.startswith("torch") else os.path.join(work, f"inductor-{own}")
-            temp_dir = os.path.join(work, "temp-torch-compile" if run.startswith("torch") else f"temp-{own}")
+            family = "torch-compile" if run.startswith("torch") else "kiln"
+            inductor_dir, temp_dir = os.path.join(work, f"inductor-{family}"), os.path.join(work, f"temp-{family}")
             rows.append(_run_child(args, run, cache_dir, inductor_dir, temp_dir, log))
     finally:
         shutil.rmtree(work, ignore_errors=True)

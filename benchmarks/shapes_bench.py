@@ -116,7 +116,7 @@ def _variant(name: str, module, first_shape) -> tuple[Callable, Callable[[], int
     """The compiled callable for `name` and a function counting the graphs it has compiled.
     torch.compile's default backend is Inductor; counting wraps it without changing it."""
     from .. import compiler as kiln
-    from ..compiler.compat import lookup_backend
+    from ..compiler.torch_compat.dynamo import lookup_backend
 
     tag = name.replace(" ", "_").replace(".", "_").replace("=", "_")
     if name in BASELINES:

@@ -59,7 +59,7 @@ def warm_up_compiler(device: str) -> float:
     them for all the others: on a 2-core CPU a tiny function's first compile in a fresh process took
     15.8 s with the header already built, the next 2.4 s. Compiled into an empty Inductor cache,
     so no variant finds its kernels. The seconds it took."""
-    from ..compiler.compat import fresh_inductor_cache
+    from ..compiler.torch_compat.inductor import fresh_inductor_cache
 
     start = time.perf_counter()
     with fresh_inductor_cache(), torch.inference_mode():

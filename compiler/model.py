@@ -30,8 +30,9 @@ from typing import Optional
 
 import torch
 
-from . import compat
-from .backend.dynamo_backend import KilnBackend, device_type_of
+from .torch_compat import dynamo, versions
+from .backend.context import CompileUnit, ModelContext
+from .backend.dynamo_backend import KilnBackend
 from .regional.blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
 from .shapes.cuda_graph_budget import CudaGraphBudget
@@ -54,7 +55,7 @@ class KilnUnavailable(RuntimeError):
 
 def unavailable_reason() -> Optional[str]:
     """Why Kiln cannot compile here (torch too old), or None."""
-    return compat.torch_version_problem()
+    return versions.torch_version_problem()
 
 
 def kernel_note(device: str) -> str:
@@ -102,7 +103,6 @@ class KilnModel(torch.nn.Module):
         self._regions: Optional[RegionalCompile] = None  # compiled by blocks: the regions, made on the first call
         # with cuda_graphs on, what bounds the recordings: the model's input shapes (compiler/shapes/cuda_graph_budget.py)
         self._cuda_graphs: Optional[CudaGraphBudget] = None
-        self._first_call_cache: Optional[GraphCache] = None  # whose work ahead the first call waits for at its end
 
     @property
     def original(self) -> torch.nn.Module:
@@ -126,13 +126,7 @@ class KilnModel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         module = self.original
-        compiled = None if self.stats.fallback else self._compiled or self._regions or self._prepare(args, kwargs)
-        if self._first_call_cache is not None:  # the work started beside the first call ends with it
-            cache, self._first_call_cache = self._first_call_cache, None
-            try:
-                return self._call(compiled, module, args, kwargs)
-            finally:
-                cache.finish_ahead()
+        compiled = None if self.stats.fallback else self._compiled or self._regions or self._prepare()
         return self._call(compiled, module, args, kwargs)
 
     def _call(self, compiled, module, args, kwargs):
@@ -155,22 +149,22 @@ class KilnModel(torch.nn.Module):
             mark_batch_and_resolution_dynamic(args, kwargs)
         backend = self._backend
         backend.progress = self.progress
-        with compat.no_fake_dispatch_cache(self.plan.compile.symbolic_sizes):  # a faster capture (compat's note)
+        with dynamo.no_fake_dispatch_cache(self.plan.compile.symbolic_sizes):  # a faster capture (compat's note)
             return backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs),
                                self._fall_back)
 
-    def _prepare(self, args=(), kwargs=None):
+    def _prepare(self):
         """Execute the plan's steps (STEPS order). None, and the model runs eagerly, if there is nothing
         to compile or the compile cannot be set up here (said loudly, in the log and stats.fallback)."""
         if self.plan.compile is None:
             return None
         try:
-            return self._set_up_compile(device_type_of((*args, *(kwargs or {}).values())))
+            return self._set_up_compile()
         except Exception as exc:  # noqa: BLE001  e.g. TorchDynamo cannot load here: the model still runs
             self._fall_back(f"cannot set up the compile ({type(exc).__name__}: {exc})", exc)
             return None
 
-    def _set_up_compile(self, input_device: str):
+    def _set_up_compile(self):
         problem = unavailable_reason()
         if problem:
             self._fall_back(problem)
@@ -190,31 +184,21 @@ class KilnModel(torch.nn.Module):
         label = label_of(module)
         if options.cuda_graphs:
             self._cuda_graphs = CudaGraphBudget(options.shapes.max_cuda_graphs)
+        context = ModelContext(options, self.stats, cache, label, self._cuda_graphs)
         regions = self._blocks_to_compile(module)
         if options.background and not regions:
             note = "background: the model compiles whole (above), as one graph that its first call waits for"
             log.warning("Kiln: %s %s", label, note)
             self.stats.warnings.append(note)
         if regions:
-            self._regions = RegionalCompile(regions, options, self.stats, cache, label, self._cuda_graphs)
+            self._regions = RegionalCompile(regions, context)
             log.info("Kiln: %s compiles by blocks: %s", label, self.stats.units_line())
-            self._ready_cpu_files_ahead(cache, input_device)
             return self._regions
         # not the model class's forward, shared by every model of the class (the 9th would run eagerly)
-        entry = compat.own_code(_entry, f"kiln_{label.replace('.', '_')}")
-        self._backend = KilnBackend(options, self.stats, code=entry.__code__, cache=cache, label=label,
-                                    cuda_graph_budget=self._cuda_graphs)
+        entry = dynamo.own_code(_entry, f"kiln_{label.replace('.', '_')}")
+        self._backend = KilnBackend(context, CompileUnit(code=entry.__code__))
         self._compiled = torch.compile(entry, backend=self._backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
-        self._ready_cpu_files_ahead(cache, input_device)
         return self._compiled
-
-    def _ready_cpu_files_ahead(self, cache: Optional[GraphCache], device: str) -> None:
-        """On a CPU, with a cache and Inductor: Inductor's CPU files made ready beside the first capture
-        (GraphCache.ready_cpu_files_ahead), waited for at the end of the first call. Started last, once the
-        compile is set up, so that nothing this thread does afterwards but the capture runs beside it."""
-        if cache is not None and self.plan.compile.lowering.uses_inductor and device == "cpu":
-            cache.ready_cpu_files_ahead()
-            self._first_call_cache = cache
 
     def _blocks_to_compile(self, module: torch.nn.Module) -> list:
         """The regions to compile by blocks, or [] to compile the whole model (with the reason logged

@@ -63,7 +63,7 @@ EAGER_KINDS = {
     "nothing_to_fuse": "nothing to fuse",                                # compiler/regional/fusible.py
     "measured": "measured no faster compiled",                           # compiler/regional/region_choice.py
     "class": "not compiled after their class's first",                   # region_choice.ClassVerdicts
-    "convolutions": "convolution blocks on a CPU",                       # region_choice.convolutions_on_cpu
+    "convolutions": "convolution blocks on a CPU",                       # cpu.eager_before_capture (compiler/cpu)
 }
 
 

@@ -24,31 +24,26 @@ def _no_grad():
 
 
 @pytest.fixture(autouse=True)
-def _no_background_cpu_probe(monkeypatch):
-    """Every test starts with the cache's CPU-probe bookkeeping of a fresh process, and none starts
-    Inductor's probe in a background child because an earlier test probed (compiler/cache/cpu_probe.py):
-    tests/cache/test_cpu_probe.py starts fake ones, and test_compile_cache.py a real one in a process
-    of its own."""
-    from kiln.compiler import compat
-    from kiln.compiler.cache import cpu_probe
+def _plain_host_inputs():
+    """Every test starts with the compiler reading block arguments as plain PyTorch passes them
+    (compiler/host_inputs.py): importing Kiln's nodes registers ComfyUI's conventions for the process,
+    which must not leak into tests of the plain compiler. `comfy_host` asks for ComfyUI's."""
+    from kiln.compiler import HostInputs, host_inputs, use_host_inputs
 
-    def no_child(cache_dir):
-        raise OSError("no background probe in the unit tests")
-
-    for name, value in (("_looked", set()), ("_programs", {}), ("_building", [])):
-        monkeypatch.setattr(cpu_probe, name, value)
-    monkeypatch.setattr(compat, "start_cpu_probe_child", no_child)
+    before = host_inputs()
+    use_host_inputs(HostInputs())
+    yield
+    use_host_inputs(before)
 
 
-@pytest.fixture(autouse=True)
-def _no_cpu_header_built_ahead(monkeypatch):
-    """No test's CPU lowering starts Inductor's header build in a background thread (compiler/backend/lowering.py,
-    build_cpu_header_ahead), whose log lines and gcc would land in whichever test runs next; Inductor
-    builds the header itself. tests/compiler/test_lowering.py and tests/cache/test_headers.py turn it back on
-    where they test it, and the processes tests/cache/test_compile_cache.py starts run it as a user's would."""
-    from kiln.compiler.backend import lowering
+@pytest.fixture
+def comfy_host():
+    """The compiler reads block arguments as ComfyUI passes them (nodes/block_inputs.py), as in a server."""
+    from kiln.compiler import use_host_inputs
+    from kiln.nodes.block_inputs import ComfyBlockInputs
 
-    monkeypatch.setattr(lowering, "_header_asked", True)
+    use_host_inputs(ComfyBlockInputs())
+    yield
 
 
 @pytest.fixture(autouse=True, scope="module")

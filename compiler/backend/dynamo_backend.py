@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from .. import compat
-from ..cache import GraphCache, entry_fields, graph_hash
-from ..shapes.cuda_graph_budget import CudaGraphBudget
-from ..regional.fusible import IdleRecord, idle_record
+from .. import cpu
+from ..torch_compat import dynamo, fx_graphs
+from ..cache import entry_fields, graph_hash
+from .context import CompileUnit, ModelContext
 from .lowering import LoweringFailed
 from ..options.compile_options import CompileOptions
 from ..passes import PASSES, PassContext, Progress, passes_uuid, run_passes
-from ..shapes.shape_manager import CallShape, ShapeDispatcher
-from ..stats import GraphCompile, KilnStats
+from ..shapes.shape_manager import ShapeDispatcher
+from ..stats import GraphCompile
 
 log = logging.getLogger("kiln")
 
@@ -41,7 +41,7 @@ def _user_input_shapes(gm: torch.fx.GraphModule) -> list[list]:
     """Shapes of graph inputs that are not parameters or buffers (the activations)."""
     shapes = []
     for node in gm.graph.nodes:
-        if node.op != "placeholder" or compat.is_weight(node):
+        if node.op != "placeholder" or fx_graphs.is_weight(node):
             continue
         val = node.meta.get("example_value")
         if isinstance(val, torch.Tensor):
@@ -68,10 +68,11 @@ FAST_CUDA_GRAPHS_COPY_WEIGHTS = (
 
 
 class KilnBackend:
-    """A TorchDynamo backend bound to one model's options and stats.
+    """A TorchDynamo backend bound to one compiled unit of a model (compiler/backend/context.py): the
+    whole model, or one block region. It knows the unit only through its `CompileUnit`.
 
-    `code` is the code object TorchDynamo compiles (the model's entry function), named when
-    TorchDynamo's recompile limit for it is reached. The reason for a recompile is the guard
+    The unit's `code` is the code object TorchDynamo compiles, named when TorchDynamo's recompile
+    limit for it is reached. The reason for a recompile is the guard
     failure TorchDynamo recorded during that call; the graph breaks it hit while capturing a graph
     (code it cannot trace, e.g. a patch calling `.item()`) are kept with that graph and logged once
     per place, since the model then runs as several graphs with Python between them.
@@ -81,37 +82,26 @@ class KilnBackend:
     the caller can tell a cancelled compile from a failed one (TorchDynamo wraps both alike).
     """
 
-    def __init__(self, options: CompileOptions, stats: KilnStats, code=None, progress: Optional[Progress] = None,
-                 cache: Optional[GraphCache] = None, label: str = "model", region: str = "",
-                 cuda_graph_budget: Optional[CudaGraphBudget] = None,
-                 call_shape: Optional[Callable[[], Optional[CallShape]]] = None):
-        self.options = options
-        self.region = region      # the block region this backend compiles ("" for the whole model)
-        # a region's: the model call its graph runs in, which the shape policy decides its variants by
-        self.call_shape = call_shape
-        self.cache = cache        # Kiln's cache (None: not asked for); lowerings through Inductor go through it
-        self.label = label        # the model's class name, shown in cache listings
-        self.stats = stats
-        self.code = code
+    def __init__(self, context: ModelContext, unit: CompileUnit = CompileUnit(), progress: Optional[Progress] = None):
+        self.context = context
+        self.unit = unit
+        self.options = context.options
+        self.stats = context.stats
+        self.code = unit.code
         self.progress = progress
         # guard failures TorchDynamo had recorded (per code object) before this call's capture; taken
         # at the start of each call and dropped at its end (it holds code objects: never keep it)
         self._failures_seen: dict = {}
         self._warned_cuda_graphs = False
-        # one per model, made with its first CUDA graph (the regions of a model share the model's)
-        self._cuda_graph_budget: Optional[CudaGraphBudget] = cuda_graph_budget
         self.graphs = 0           # graphs this backend compiled
         self.calls = 0            # calls of the compiled module finished so far
         self.interrupt: Optional[BaseException] = None  # what the progress callback raised, if it did
         self._capture_from = None  # the call's start, or the end of its previous graph: TorchDynamo captures from then
         self._breaks_seen = 0      # TorchDynamo's graph-break count at the same moment
         self._breaks_logged: set[str] = set()
-        # a region whose whole block is one graph with nothing to fuse runs eagerly: why (compiler/regional/fusible.py)
-        self.kept_eager: Optional[str] = None
-        self.kept_idle: Optional[IdleRecord] = None  # set with kept_eager when the block had nothing to fuse
 
     def _reason(self) -> str:
-        new, self._failures_seen = compat.guard_failures_since(self._failures_seen), compat.guard_failure_counts()
+        new, self._failures_seen = dynamo.guard_failures_since(self._failures_seen), dynamo.guard_failure_counts()
         if not self.graphs:
             return "first compile"
         # failures of cache entries compiled by other backends (other kiln.compile / torch.compile
@@ -124,13 +114,13 @@ class KilnBackend:
     def _graph_breaks(self) -> list[str]:
         """The graph breaks TorchDynamo hit while capturing this graph (it ends at the last one); each
         place is logged once per model: what runs there runs in Python, between compiled graphs."""
-        breaks = list(dict.fromkeys(compat.graph_breaks_since(self._breaks_seen)))  # a restarted capture repeats one
+        breaks = list(dict.fromkeys(dynamo.graph_breaks_since(self._breaks_seen)))  # a restarted capture repeats one
         for where in breaks:
             if where not in self._breaks_logged:
                 self._breaks_logged.add(where)
                 log.warning("Kiln: %s: TorchDynamo breaks the graph at %s; the model runs as several compiled graphs "
                             "with that code run by Python between them (slower than one graph; each piece is "
-                            "guarded and recompiled on its own)", self.label, where)
+                            "guarded and recompiled on its own)", self._label(), where)
         return breaks
 
     def report(self, what: str, done: int, total: int) -> None:
@@ -156,22 +146,22 @@ class KilnBackend:
         except Exception as exc:
             if self.interrupt is not None:  # cancelled, not failed
                 raise self.interrupt from None
-            if not (isinstance(exc, (*compat.compile_failure_types(), LoweringFailed)) or compat.failed_while_capturing(exc)):
+            if not (isinstance(exc, (*dynamo.compile_failure_types(), LoweringFailed)) or dynamo.failed_while_capturing(exc)):
                 raise  # the model's own error, compiled or not
-            fall_back(f"compile failed: {compat.describe_compile_failure(exc)}", exc)
+            fall_back(f"compile failed: {dynamo.describe_compile_failure(exc)}", exc)
             return eager()
         else:
             self.after_call()
             return out
         finally:
             self.end_call()
-            compat.forget_code(self.code)
+            dynamo.forget_code(self.code)
 
     def before_call(self):
         self.interrupt = None
         self._capture_from = time.perf_counter()
-        self._breaks_seen = compat.graph_break_count()
-        self._failures_seen = compat.guard_failure_counts()
+        self._breaks_seen = dynamo.graph_break_count()
+        self._failures_seen = dynamo.guard_failure_counts()
         self._call_compiles = self.graphs
 
     def end_call(self) -> None:
@@ -183,13 +173,13 @@ class KilnBackend:
         if self.graphs > self._call_compiles:
             return
         # no compile in this call, so _failures_seen is still the snapshot before_call took
-        guard_failed = compat.guard_failure_counts() != self._failures_seen
+        guard_failed = dynamo.guard_failure_counts() != self._failures_seen
         if self.graphs == 0 or guard_failed:
             # No graph serves this call and none was compiled: TorchDynamo ran it eagerly, which
             # happens when its recompile limit for this forward is used up. Say so; never hide it.
-            unit = f"region {self.region}" if self.region else "model"
+            unit = self.unit.describe()
             reason = (f"TorchDynamo ran a call eagerly: no compiled graph fits it and none was compiled "
-                      f"(its recompile limit, {compat.recompile_limit()} graphs per {unit}, reached for "
+                      f"(its recompile limit, {dynamo.recompile_limit()} graphs per {unit}, reached for "
                       f"{getattr(self.code, 'co_name', 'this ' + unit)}? dynamic auto serves new shapes from one graph)")
             self.stats.eager_calls += 1
             if self.stats.eager_calls == 1:
@@ -213,10 +203,10 @@ class KilnBackend:
                 and self.stats.warn_once(FAST_CUDA_GRAPHS_COPY_WEIGHTS):
             log.warning("Kiln: %s", FAST_CUDA_GRAPHS_COPY_WEIGHTS)
         index = len(self.stats.compiles)
-        idle = idle_record(gm) if self.may_keep_eager(device) else None
-        if idle is not None:
-            return self._keep_eager(gm, idle, reason, breaks, capture, start, index)
-        graph = graph_hash(gm, compat.is_weight) if self._caching() else ""  # the captured structure, before the passes
+        as_captured = self.unit.as_captured(gm, device, not self.graphs and not breaks) if self.unit.as_captured else ""
+        if as_captured:
+            return self._run_as_captured(gm, as_captured, reason, breaks, capture, start, index)
+        graph = graph_hash(gm, fx_graphs.is_weight) if self._caching() else ""  # the captured structure, before the passes
         ctx = PassContext(device_type=device, triton=triton_available() and device == "cuda",
                           grad_enabled=torch.is_grad_enabled(), inductor=lowering.uses_inductor, mode=self.options.mode)
         total = len(PASSES) + 1
@@ -225,16 +215,17 @@ class KilnBackend:
         # the shape manager may lower the rewritten graph again for a static signature: keep it as
         # it is now (Inductor rewrites the graph it lowers)
         specialisable = dynamic and lowering.can_specialise and self.options.shapes.specialize != "none"
-        captured = compat.copy_graph_module(gm) if specialisable else gm
+        captured = fx_graphs.copy_graph_module(gm) if specialisable else gm
         cache_tag = f"kiln-{passes_uuid()}"
 
         def lower(graph_module, args, label):
+            cpu.before_lowering(device)  # before Kiln's cache points Inductor at a private folder
             if not self._caching():
                 return lowering.lower(graph_module, args, self.options, device, cache_tag)
             options = lowering_options(self.options)
             fields = entry_fields(graph, args, options, self.options.shapes.as_dict(), device,
-                                  f"{self.label} {label}")
-            compiled, name, event = self.cache.lower(
+                                  f"{self._label()} {label}")
+            compiled, name, event = self.context.cache.lower(
                 lambda: lowering.lower(graph_module, args, self.options, device, cache_tag), fields)
             self.stats.cache.append(event)
             return compiled, name + (" (from Kiln's cache)" if event.outcome == "hit" else "")
@@ -246,14 +237,14 @@ class KilnBackend:
             input_shapes=_user_input_shapes(gm), nodes=len(gm.graph.nodes),
             rewrites={r.name: r.rewrites for r in results}, skipped={r.name: r.skipped for r in results if r.skipped},
             seconds=time.perf_counter() - start, dynamic=dynamic, capture_seconds=capture, graph_breaks=breaks,
-            region=self.region,
+            region=self.unit.name,
         )
         self._recorded(record)
         log.info("Kiln compiled %s", record.line())
-        budget = self._budget(device)
-        if budget is None and (not dynamic or (self.region and not specialisable)):
-            # a region's graph serves every size its guards admit: the shape manager records and routes
-            # them only where the shape policy specialises some
+        budget = self.context.budget_for(device)
+        if budget is None and (not dynamic or (not self.unit.is_whole_model and not specialisable)):
+            # a unit that is not the whole model (a block region) serves every size its guards admit
+            # from this graph: the shape manager routes them only where the shape policy specialises some
             return lowered
         # a dynamic graph serves many shape signatures: the shape manager records and routes them
         # (a static one only its own; it goes through the shape manager to count its CUDA graph)
@@ -261,37 +252,22 @@ class KilnBackend:
         def lower_static(graph_module, args):
             placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
             shapes = ", ".join("x".join(map(str, a.shape)) for n, a in zip(placeholders, args)
-                               if isinstance(a, torch.Tensor) and not compat.is_weight(n))
+                               if isinstance(a, torch.Tensor) and not fx_graphs.is_weight(n))
             return lower(graph_module, args, f"graph {index} static {shapes}")[0]
 
         return ShapeDispatcher(captured, lowered, lower_static if specialisable else None, self.options.shapes,
                                self.stats, record.index, record.capture_seconds + record.seconds, self.report,
-                               compile_pinned=dynamic and self.calls == 0 and not self.region, cuda_graphs=budget,
-                               call_shape=self.call_shape)
+                               compile_pinned=dynamic and self.calls == 0 and self.unit.is_whole_model,
+                               cuda_graphs=budget, call_shape=self.unit.call_shape)
 
-    def may_keep_eager(self, device: str) -> bool:
-        """Only a region's graph may stay eager for having nothing to fuse, and only where lowering
-        would not make its library ops faster: no autotuning (it may pick a generated convolution) and
-        no CUDA graphs (which pay on any graph: fewer launches). In mode fast the graph would run as
-        captured anyway, behind TorchDynamo's entry."""
-        options = self.options
-        return (bool(self.region) and options.lowering.inductor_preset is None
-                and not any(name.startswith("max_autotune") and value for name, value in options.inductor.items())
-                and not (options.cuda_graphs and device == "cuda"))
-
-    def _keep_eager(self, gm, idle: IdleRecord, reason: str, breaks: list[str], capture: float, start: float,
-                    index: int):
-        """Run the captured graph as it is (TorchDynamo's FX graph: the block's own ops) and, when it is
-        the region's whole block, let the region run its blocks eagerly from now on."""
-        why = idle.reason()
-        if not self.graphs and not breaks:
-            self.kept_eager = why
-            self.kept_idle = idle
-            self.stats.keep_eager(self.region, "nothing_to_fuse", why)
+    def _run_as_captured(self, gm, why: str, reason: str, breaks: list[str], capture: float, start: float,
+                         index: int):
+        """Run the captured graph as it is (TorchDynamo's FX graph: the unit's own ops), as the unit's
+        rule said (`CompileUnit.as_captured`), recorded and said like a lowering."""
         record = GraphCompile(
             index=index, reason=f"{reason}; kept eager, {why}", lowering="eager", input_shapes=_user_input_shapes(gm),
             nodes=len(gm.graph.nodes), rewrites={}, skipped={}, seconds=time.perf_counter() - start,
-            dynamic=_is_dynamic(gm), capture_seconds=capture, graph_breaks=breaks, region=self.region)
+            dynamic=_is_dynamic(gm), capture_seconds=capture, graph_breaks=breaks, region=self.unit.name)
         self._recorded(record)
         total = len(PASSES) + 1
         self.report(f"kept eager: {why}", total, total)
@@ -303,14 +279,11 @@ class KilnBackend:
         self.stats.compiles.append(record)
         self.graphs += 1  # counted once recorded: TorchDynamo may call a backend again for one graph (a restarted capture)
         self._capture_from = time.perf_counter()
-        self._breaks_seen = compat.graph_break_count()
+        self._breaks_seen = dynamo.graph_break_count()
 
     def _caching(self) -> bool:
-        return self.cache is not None and self.options.lowering.uses_inductor
+        return self.context.cache is not None and self.options.lowering.uses_inductor
 
-    def _budget(self, device: str) -> Optional[CudaGraphBudget]:
-        if not (self.options.cuda_graphs and device == "cuda"):
-            return None
-        if self._cuda_graph_budget is None:
-            self._cuda_graph_budget = CudaGraphBudget(self.options.shapes.max_cuda_graphs)
-        return self._cuda_graph_budget
+    def _label(self) -> str:
+        """The model's label, with the unit's name: what cache listings and logs show."""
+        return f"{self.context.label} {self.unit.name}" if self.unit.name else self.context.label

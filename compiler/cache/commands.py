@@ -80,7 +80,7 @@ def _info(store: CacheStore, options: CacheOptions, args) -> int:
           f"compiled in {entry.compile_seconds:.1f}s on {_when(entry.created)}")
     print(json.dumps(entry.fields, indent=2, sort_keys=True))
     device = str(entry.fields.get("device", "cpu")).split(" ")[0]
-    # the environment fields the entry is keyed by (the CPU probe's: device, torch and Python only)
+    # the environment fields the entry is keyed by (a record may be keyed by fewer than a graph)
     here = {name: value for name, value in environment_fields(device).items() if name in entry.fields}
     stale = differences(here, {name: entry.fields[name] for name in here})
     print("usable on this machine" if not stale else "NOT usable on this machine: " + "; ".join(stale))

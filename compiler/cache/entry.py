@@ -24,7 +24,7 @@ from ..options.option_text import shorten
 from . import trust
 from .trust import CacheError
 
-MAGIC = b"KILN-CACHE-ENTRY 1\n"
+MAGIC = b"KILN-CACHE-ENTRY 2\n"  # 2: no CPU probe or C++ header entries (format 1 kept them)
 SUFFIX = ".kiln"
 _LENGTH = struct.Struct(">Q")
 KEY_PATTERN = re.compile(r"[0-9a-z]{32}")               # entry_key's 32 hex digits (tests use letters too)
@@ -38,12 +38,9 @@ MAX_NAME_PART_BYTES = 255                                # NAME_MAX: one folder 
 MAX_NAME_BYTES = 1024                                    # a whole relative name (Inductor's: under 200 bytes)
 MAX_SECONDS = 8**11 - 1                                  # created, compile_seconds: the largest time a tar
                                                          # header holds (year 2242), `kiln cache export`'s
-# an entry's whole size, by kind (besides the cache's size cap): an entry of compiled graphs (measured
-# 0.7-17 MiB, a whole SD1.5 UNet on a CPU; a GPU model's kernels take more), the CPU probe's programs
-# or a record; and Inductor's precompiled C++ headers (headers.py: about 150 MB each, one or two kept).
+# an entry's whole size (besides the cache's size cap): an entry of compiled graphs (a whole SD1.5 UNet
+# on a CPU is a few MiB; a GPU model's kernels take more) or a record
 MAX_ENTRY_BYTES = 512 * 2**20
-MAX_HEADERS_ENTRY_BYTES = 2**30
-HEADERS_FIELD = "precompiled_headers"                    # the key field of a headers entry (headers.py)
 
 
 class CacheEntryError(CacheError):
@@ -81,16 +78,11 @@ class Header:
         return Entry(key=self.key, fields=self.fields, compile_seconds=self.compile_seconds, created=self.created, **values)
 
 
-def size_limit(fields: dict, cap: Optional[int] = None) -> tuple[int, str]:
-    """(the largest size an entry with these key fields may have, what that limit is), within `cap`
-    (the cache's size cap) where given."""
-    limit, what = ((MAX_HEADERS_ENTRY_BYTES, "the limit for an entry of precompiled headers") if HEADERS_FIELD in fields
-                   else (MAX_ENTRY_BYTES, "the limit for an entry of compiled code"))
-    return (cap, "the cache's whole size cap") if cap is not None and cap < limit else (limit, what)
-
-
-def check_size(size: int, fields: dict, where: str, cap: Optional[int] = None) -> None:
-    limit, what = size_limit(fields, cap)
+def check_size(size: int, where: str, cap: Optional[int] = None) -> None:
+    """CacheEntryError unless an entry of `size` bytes fits MAX_ENTRY_BYTES and `cap` (the cache's size cap)."""
+    limit, what = MAX_ENTRY_BYTES, "the limit for an entry of compiled code"
+    if cap is not None and cap < limit:
+        limit, what = cap, "the cache's whole size cap"
     if size > limit:
         raise CacheEntryError(f"{where} is {size} bytes, more than {what} ({limit} bytes)")
 
@@ -221,7 +213,7 @@ def read_entry(f: BinaryIO, size: int, where: str, signed_with: Optional[bytes],
     lists, within its kind's limit and `cap`), and only then its files, each read once."""
     head = read_head(f)
     header = read_header(head, where, total=size)  # head is MAGIC, length and header: f is at the files
-    check_size(size, header.fields, where, cap)
+    check_size(size, where, cap)
     body = header.body_end
     expected = body + (trust.SIGNATURE_BYTES if signed_with is not None else 0)
     if signed_with is not None and size == body:

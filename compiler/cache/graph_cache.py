@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .. import compat
-from . import cpu_probe, headers
+from ..torch_compat import inductor
 from . import key as cache_key
 from .options import CacheOptions
 from .entry import KEY_PATTERN, folders
-from .store import CacheEntryError, CacheStore, Entry, error_text, read_files, read_or_refuse, said, write_files
+from .store import CacheEntryError, CacheStore, Entry, error_text, read_files, read_or_refuse, write_files
 from .trust import CacheError
 
 log = logging.getLogger("kiln")
@@ -33,10 +31,6 @@ NEEDS_FILE = "kiln-needs.json"           # in an entry: the keys of the entries 
 MAX_NEEDS = 256
 MAX_NEEDS_BYTES = MAX_NEEDS * 40  # a JSON list of that many 32-digit keys, with room to spare
 GRAPH_FOLDERS = ("fxgraph", "aotautograd")  # Inductor's per-graph records: a needed entry's stay with it
-# held while Inductor's CPU files are made ready (cpu_probe, headers), in whichever thread: one at a time,
-# whichever cache asks (the probe points Inductor's cache directory, process-wide, at Kiln's folder; a
-# lowering through the cache whose thread runs it waits for that thread: GraphCache.lower)
-_cpu_files_lock = threading.Lock()
 
 
 @dataclass
@@ -71,65 +65,6 @@ class GraphCache:
         self.unavailable = "" if options.mode != "off" else "cache off"
         # the entries this model stored or loaded so far, in order: a later entry needs their kernels
         self._seen: list[str] = []
-        self._ahead: Optional[threading.Thread] = None  # making the CPU files ready beside the first call
-
-    def ready_cpu_files_ahead(self) -> None:
-        """At a CPU model's first call, before it captures: make Inductor's CPU files ready from the
-        cache (the CPU probe's test programs, the precompiled headers: `_ready_cpu_files`) in a thread,
-        beside TorchDynamo's capture of the first graph, instead of at its first lowering: on a warm start
-        they are 1.5 s of file writes and child processes that need nothing from the capture. Every
-        lowering through this cache waits for them (`lower`, which first imports Inductor's compile on its
-        own thread, an import that would otherwise follow the wait), and so does the end of the first call
-        (`finish_ahead`). Where the probe would build its programs (the cache holds none: a cold start),
-        they stay at the first lowering: compiler runs on every core of a small CPU slowed the capture
-        beside them by as much as they saved. A thread that cannot start leaves them to the first
-        lowering, said in the log, as does anything else that fails here: it never stops the compile."""
-        if self._ahead is not None:
-            return
-        try:
-            store = self.store()
-            if store is None or cpu_probe.builds_programs(store, self.options.mode == "use"):
-                return
-            compat.import_cpu_build_modules()  # on this thread, not beside the capture's own imports
-            thread = threading.Thread(target=self._ready_ahead, args=(store,), name="kiln-cpu-files", daemon=True)
-            thread.start()
-        except Exception as exc:  # noqa: BLE001  ahead of time only (RuntimeError: no thread can be started here)
-            log.info("Kiln: Inductor's CPU files are made ready at the first lowering, not beside the capture (%s)",
-                     said(exc))
-            return
-        self._ahead = thread
-
-    def finish_ahead(self) -> None:
-        """Wait for the work `ready_cpu_files_ahead` started (nothing if none runs)."""
-        thread, self._ahead = self._ahead, None
-        if thread is not None:
-            thread.join()
-
-    def _import_compile_beside_ahead(self) -> None:
-        """Import Inductor's compile on this thread while the CPU files still get ready beside it, rather
-        than after waiting for them (0.8 s in a fresh process; the thread imports nothing by then). Ahead of
-        time only: a failure here is said, and the lowering imports it again after the wait, where a
-        failure stops that lowering as it always did."""
-        try:
-            compat.import_inductor_compile()
-        except Exception as exc:  # noqa: BLE001  ahead of time only
-            log.info("Kiln: Inductor's compile was not imported beside the CPU files (%s); the lowering imports it "
-                     "after them", said(exc))
-
-    def _ready_ahead(self, store: CacheStore) -> None:
-        try:
-            self._ready_cpu_files(store)
-        except Exception as exc:  # noqa: BLE001  a thread says what went wrong; the lowering probes itself
-            log.warning("Kiln: Inductor's CPU files could not be made ready from Kiln's cache (%s); Inductor makes "
-                        "them itself at its first CPU lowering", said(exc))
-
-    def _ready_cpu_files(self, store: CacheStore) -> None:
-        """Inductor's CPU probe with its programs from `store` and the headers `store` keeps written back
-        (each once a process for each cache), before Inductor's cache directory becomes a lowering's own."""
-        use_stored = self.options.mode == "use"
-        with _cpu_files_lock:
-            cpu_probe.detect_cpu_vector_isa(store, use_stored=use_stored)
-            headers.restore(store, use_stored=use_stored)
 
     def store(self) -> Optional[CacheStore]:
         if self.unavailable:
@@ -154,17 +89,11 @@ class GraphCache:
     def lower(self, lower: Callable[[], tuple], fields: dict) -> tuple[Callable, str, CacheEvent]:
         """Run `lower()` (a Lowering.lower call returning (callable, name)) under the cache.
         `fields`: the entry's key fields (cache/key.py entry_fields)."""
-        if self._ahead is not None:
-            self._import_compile_beside_ahead()
-        self.finish_ahead()  # on any device, with or without the store: no lowering beside the probe
         key = cache_key.entry_key(fields)
         label = fields.get("label", "graph")
         store = self.store()
         if store is None:
             return self._without_cache(lower, label, key)
-        on_cpu = str(fields.get("device", "")).startswith("cpu")
-        if on_cpu:
-            self._ready_cpu_files(store)  # done already where it ran ahead
         entry, reason = None, ""
         try:
             if self.options.mode == "use":
@@ -178,14 +107,10 @@ class GraphCache:
             self._disable_for(exc)
             return self._without_cache(lower, label, key)
         if entry is not None:
-            lowered = self._lower_from(store, entry, work, lower, label)
-        else:
-            compiled, name, seconds = _lower_in(work, lower)
-            outcome = "miss" if self.options.mode == "use" else "refresh"
-            lowered = compiled, name, self._store_files(store, key, fields, work, seconds, outcome, reason)
-        if on_cpu:
-            headers.keep_new(store)  # a header that appeared meanwhile: most often built by this lowering
-        return lowered
+            return self._lower_from(store, entry, work, lower, label)
+        compiled, name, seconds = _lower_in(work, lower)
+        outcome = "miss" if self.options.mode == "use" else "refresh"
+        return compiled, name, self._store_files(store, key, fields, work, seconds, outcome, reason)
 
     def _with_needed_files(self, store: CacheStore, entry: Entry) -> dict[str, bytes]:
         """The entry's files, and the kernel files of the entries it needs (NEEDS_FILE): the ones this
@@ -274,9 +199,9 @@ class GraphCache:
 
     def _lower_from(self, store: CacheStore, entry: Entry, work: str, lower, label: str):
         """Lower with the entry's files in `work`: Inductor loads instead of compiling."""
-        before = compat.inductor_cache_counts()
+        before = inductor.inductor_cache_counts()
         compiled, name, seconds = _lower_in(work, lower)
-        after = compat.inductor_cache_counts()
+        after = inductor.inductor_cache_counts()
         if after["fxgraph_cache_miss"] > before["fxgraph_cache_miss"] or after["fxgraph_cache_hit"] == before["fxgraph_cache_hit"]:
             log.warning("Kiln: cache entry %s for %s loaded, but Inductor did not find its graph in it and compiled; "
                         "storing a fresh entry", entry.key, label)
@@ -325,6 +250,6 @@ class GraphCache:
 def _lower_in(work: str, lower) -> tuple[Callable, str, float]:
     """`lower()` with Inductor's caches on and pointed at `work`; (callable, name, seconds)."""
     start = time.perf_counter()
-    with compat.inductor_persistent_caches(), compat.inductor_cache_dir(work):
+    with inductor.inductor_persistent_caches(), inductor.inductor_cache_dir(work):
         compiled, name = lower()
     return compiled, name, time.perf_counter() - start

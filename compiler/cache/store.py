@@ -37,7 +37,7 @@ except ImportError:  # Windows
 
 from ..options.option_text import shorten
 from . import location, trust
-from .entry import (KEY_PATTERN, MAX_ENTRY_BYTES, MAX_HEADERS_ENTRY_BYTES, SUFFIX, CacheEntryError, Entry, check_size,
+from .entry import (KEY_PATTERN, MAX_ENTRY_BYTES, SUFFIX, CacheEntryError, Entry, check_size,
                     encode, read_entry, read_head, read_header)
 from .trust import CacheError
 
@@ -101,7 +101,7 @@ class CacheStore:
         data = encode(entry)
         where = f"the entry {entry.key} ({shorten(entry.fields.get('label', ''))})"
         read_header(data, where)
-        check_size(len(data) + trust.SIGNATURE_BYTES, entry.fields, where, self.max_bytes)
+        check_size(len(data) + trust.SIGNATURE_BYTES, where, self.max_bytes)
         temp = os.path.join(self.entries, f".kiln-tmp-{os.getpid()}-{secrets.token_hex(4)}")
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o600)
@@ -233,7 +233,7 @@ class CacheStore:
         """The members of an exported file (`tar`, read from `raw`), each one named and sized like an
         entry, all of them fitting this cache's size cap together, the file whole up to its end
         marker (nothing read but the tar file's own records)."""
-        largest = min(max(MAX_ENTRY_BYTES, MAX_HEADERS_ENTRY_BYTES), self.max_bytes)
+        largest = min(MAX_ENTRY_BYTES, self.max_bytes)
         members = []
         for member in tar:
             if len(members) == MAX_IMPORT_ENTRIES:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from .. import compat
+from ..torch_compat import inductor
 from .option_text import shorten
 
 
@@ -92,14 +92,14 @@ KILN_OWNED = {
 
 def allowed_names() -> list[str]:
     """The settings in TUNING that this torch has."""
-    return [name for name in TUNING if compat.is_inductor_option(name)]
+    return [name for name in TUNING if inductor.is_inductor_option(name)]
 
 
 def setting_problem(name: Any, value: Any) -> Optional[str]:
     """Why a workflow may not set Inductor setting `name` to `value` (a message naming the key), or None."""
     if isinstance(name, str) and name in KILN_OWNED:
         return f"inductor.{name}: Kiln sets this itself; {KILN_OWNED[name]}"
-    if not isinstance(name, str) or not compat.is_inductor_option(name):
+    if not isinstance(name, str) or not inductor.is_inductor_option(name):
         return (f"inductor: {shorten(name)} is not an Inductor config setting (nested settings are dotted, e.g. "
                 f"'triton.persistent_reductions'); the tuning settings Kiln accepts: {', '.join(allowed_names())}")
     if name not in TUNING:

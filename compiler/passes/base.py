@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 import torch
 import torch.fx
 
-from ..compat import fake_value
+from ..torch_compat.fx_graphs import fake_value
 
 
 @dataclass

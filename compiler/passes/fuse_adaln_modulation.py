@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ... import kernels  # noqa: F401  (registers torch.ops.kiln.*)
 from ...kernels.layer_norm_modulate import MAX_CHANNELS, modulates_per_sample_channel, out_dtype
-from ..compat import size_expr
+from ..torch_compat.fx_graphs import size_expr
 from .base import ADD, MUL, GraphPass, PassContext, PassResult, arg, erase_unused, is_call, kernel_gate, only_user, value
 
 LAYER_NORM = (F.layer_norm, torch.layer_norm)

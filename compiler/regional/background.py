@@ -4,7 +4,7 @@ With `background: true` (CompileOptions), the first call of a region runs its bl
 a copy of its inputs to a thread of the model's, which compiles the region on them: the call a region
 compiled in the foreground makes (TorchDynamo's capture, Kiln's passes, Inductor, Kiln's cache). It
 runs in a copy of the caller's context, so under torch's settings as the model's call has them (torch
-keeps them per thread: compat.settings_per_thread; with a torch that does not, the regions are
+keeps them per thread: torch_compat.dynamo.settings_per_thread; with a torch that does not, the regions are
 lowered in the foreground, said in the log), and with the caller's grad mode, inference mode, thread
 count and CUDA device (TorchDynamo guards on those, and they belong to each thread).
 The model meanwhile goes on eagerly, and from its first call after the region's code is ready the
@@ -239,7 +239,7 @@ class LoweringThread:
             return
         self._running = True
         _register_for_exit(self)
-        # in a copy of the caller's context: torch's settings as the model's call has them (compat.settings_per_thread)
+        # in a copy of the caller's context: torch's settings as the model's call has them (torch_compat.dynamo.settings_per_thread)
         context = contextvars.copy_context()
         threading.Thread(target=context.run, args=(self._run,), name=f"kiln-lowering {self.label}", daemon=True).start()
 

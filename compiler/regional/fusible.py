@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from .. import compat
+from ..torch_compat import fx_graphs
 from .region_choice import stored_record
 
 # ops that run a library kernel (oneDNN, cuBLAS, cuDNN, flash attention) whether compiled or not
@@ -59,7 +59,7 @@ def computing_ops(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def _makes_tensor(node: torch.fx.Node) -> bool:
-    value = compat.fake_value(node)
+    value = fx_graphs.fake_value(node)
     if value is None:  # no record of what it made (a graph not from TorchDynamo): count it, the safe side
         return True
     values = value if isinstance(value, (tuple, list)) else (value,)

@@ -1,51 +1,31 @@
 """Keep a block region compiled only where its compiled call measures faster than its blocks run eagerly.
 
 Compiling a block pays when Inductor's code beats the block's library calls and Python by more than
-what every compiled call adds (TorchDynamo's entry and guards, the wrappers of a dynamic graph: about
-0.1 ms of host time a call on a CPU). Whether it does depends on the block, its size and the device:
-on a 2-core CPU most of SD1.5's ResNet blocks run at 0.80-0.98x of eager compiled while its
-transformer blocks gain; on a fast GPU a small block's compiled call can wait on the host.
+what every compiled call adds (TorchDynamo's entry and guards, the wrappers of a dynamic graph).
+Whether it does depends on the block, its size and the device, so it is measured, not assumed.
 
-So by blocks, on a region's first call, right after it compiled, Kiln times the call both ways on
-copies of the same inputs (ROUNDS interleaved rounds, the median of each; a sample is calls issued
-back to back: on a GPU as a step issues them, on a CPU enough to outlast the noise: `time_both`) and
-keeps the region compiled only when it is at least MIN_GAIN faster; otherwise its blocks run eagerly
-from then on.
-The decision is said with both times (log, `kiln.stats(m).regions_eager`, the node's line) and kept
-in Kiln's cache under the region's signature, the inputs' shapes and the environment, so a later
-start with the cache finds it before capturing: a region measured slower is not captured again.
+- **Measured.** By blocks, on a region's first call, right after it compiled, the call is timed both
+  ways on copies of the same inputs (`time_both`: ROUNDS interleaved rounds, the median of each; on a
+  GPU a sample is PIPELINED_CALLS calls issued back to back, as a step issues them; on a CPU the seam
+  compiler/cpu sizes it). The region stays compiled only when it is at least MIN_GAIN faster;
+  otherwise its blocks run eagerly from then on, said with both times (log,
+  `kiln.stats(m).regions_eager`, the node's line), and the choice is kept in Kiln's cache under the
+  region's signature, the inputs' shapes and the environment (CHOICE_FILE), so a later start finds
+  it before capturing.
+- **Judged by class** (`ClassVerdicts`). Once the first region of a block class measured slower
+  compiled, or its first PREDICT_AFTER regions together gained less than CLASS_MIN_GAIN, or one of
+  them measured under MIN_GAIN, the class's other regions on that model are not compiled. A class
+  let through goes on only while its regions pay: once a later region measures slower, its regions
+  not yet compiled are not compiled. A marginal gain is not worth more seconds of compiling, and one
+  timing far off must not carry a class.
+- **Not measured** (the region stays compiled): a block with hooks, or with ComfyUI patches the block
+  calls (a patch may keep state, and measuring runs the block 2 x ROUNDS more times), a region whose
+  first call broke into several graphs or compiled again, where keeping a region eager is never
+  chosen (autotuning, CUDA graphs), or with `measure_regions: false`.
 
-Most of a first compile is spent on regions of one class (SD1.5: 13 of its 16 lowered regions are
-ResNet blocks of different widths), each costing seconds to lower, so a class is judged by its first
-regions (`ClassVerdicts`): when its first region measured slower compiled than eager, or once its
-first PREDICT_AFTER regions, taken together, gained less than CLASS_MIN_GAIN compiled or one of them
-measured no faster (under MIN_GAIN), the class's other regions on that model are not compiled at all
-and run eagerly, said as such. A class let through goes on only while its regions pay: once one
-compiled after the first PREDICT_AFTER measures slower compiled than eager, its regions not yet
-compiled are not compiled. The regions of a class differ in size, and the gain with it: on a 2-core
-CPU SD1.5's first two ResNet regions (the largest images, fewest channels) measured 1.09-1.20x
-compiled in six timings each, the fourth 0.88-0.93x and four of the nine after it 0.67-0.91x; judged
-by its first two alone the class lowered all 13 regions (96.9 s to the first step) and kept 7.
-A marginal gain is not worth more seconds of compiling; a rule at 3% over two regions, or at 3% on
-the first alone, would flip between runs on noise (one run measured SD1.5's first transformer region
-under 3% faster, the next at 1.10x); and one timing far off (a CPU run measured SD1.5's first ResNet
-region at 3.17x, the next at 1.02x) must not carry a class. A class
-whose first regions gain more keeps every region compiled and measured.
-
-On a CPU, a block with most of its weights in convolutions (ResNet blocks, Down/Upsample) is not
-compiled at all, before anything is captured (`convolutions_on_cpu`): compiled, such blocks measured
-0.67-1.20x of eager there, most under 1.0x (above). SD1.5 at `kiln bench`'s CPU
-size on a 2-core CPU, one process each way, two runs in alternating order: first call 21.1 and 19.8 s
-with these blocks left out, 31.4 and 36.3 s measuring them (two or three ResNet regions lowered, one
-of them kept), the step 259.8 and 256.6 ms against 261.8 and 261.6 ms (eager 283.5 and 271.0 ms). A
-choice measured before and kept in Kiln's cache still decides first; on other devices the blocks are
-measured.
-
-Not measured (the region stays compiled, as before): a block with hooks, or with ComfyUI patches a
-block calls (a patch may keep state, and measuring runs the block 2 x ROUNDS more times), a region
-whose first call broke into several graphs or compiled again, and where keeping a region eager is
-never chosen (autotuning, CUDA graphs: compiler/backend/dynamo_backend.py `may_keep_eager`), or with
-`measure_regions: false`.
+The CPU's own rules (a convolution block is not compiled there; how many calls a sample takes) sit
+behind the seam in compiler/cpu/region_rules.py. The measurements behind these constants are in
+docs/measurements/ (2026-11-26-cpu-region-choice.md and the GPU runs of 2026-11-27).
 """
 from __future__ import annotations
 
@@ -55,26 +35,21 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
-from .. import compat
+from .. import cpu
+from ..torch_compat import module_calls
 
 log = logging.getLogger("kiln")
 
 ROUNDS = 5          # interleaved rounds; the median of each side
 PIPELINED_CALLS = 8  # on a GPU, calls issued back to back for one sample (time_both) ...
 COPIES_MEMORY_SHARE = 0.25  # ... fewer where their inputs' copies would take more of the GPU's free memory
-MIN_SAMPLE_MS = 5.0  # on a CPU, a sample is as many calls as take this long by one eager call ...
-MAX_CPU_CALLS = 16   # ... at most this many (one call of a small block is within the noise) ...
-CPU_COPIES_BYTES = 256 << 20  # ... and no more than their inputs' copies fit in
 MIN_GAIN = 0.03     # compiled must be at least 3% faster than eager to stay compiled
 PREDICT_AFTER = 2   # regions of one block class measured before its other regions follow them
 CLASS_MIN_GAIN = 0.10  # ... and what those regions must gain together for the class's others to be compiled
-CPU_CONVOLUTION_SHARE = 0.5  # on a CPU, a block with at least this share of its weights in convolutions is not compiled
-CONVOLUTIONS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
-                torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
 CHOICE_FILE = "region-choice.json"
 MAX_CHOICE_BYTES = 1024
 
@@ -170,37 +145,13 @@ class ClassVerdicts:
         return ""
 
 
-def convolution_share(block: torch.nn.Module) -> float:
-    """The share of `block`'s weight elements held by its convolution layers (torch.nn's, and their
-    subclasses: diffusers' and ComfyUI's convolutions are)."""
-    total = convolution = 0
-    for module in block.modules():
-        own = sum(p.numel() for p in module.parameters(recurse=False))
-        total += own
-        if isinstance(module, CONVOLUTIONS):
-            convolution += own
-    return convolution / total if total else 0.0
-
-
-def convolutions_on_cpu(block: torch.nn.Module, device: str) -> str:
-    """Why the region of `block` is not compiled on `device` before anything is measured: on a CPU, a
-    block with at least CPU_CONVOLUTION_SHARE of its weights in convolutions ('' when it may be)."""
-    if device != "cpu":
-        return ""
-    share = convolution_share(block)
-    if share < CPU_CONVOLUTION_SHARE:
-        return ""
-    return (f"not compiled: on a CPU, a block with {share:.0%} of its weights in convolutions; such blocks "
-            f"measured no faster compiled there, and each costs seconds to lower")
-
-
 def why_not_measured(block: torch.nn.Module, patched: bool) -> str:
     """Why timing this block's calls again could change what the model does ('' when it cannot):
     hooks on the block or its layers, or patches (`patched`) the block calls, may keep state."""
     if patched:
         return "ComfyUI patches that the block calls are installed"
     for name, module in block.named_modules():
-        if compat.has_forward_hooks(module):
+        if module_calls.has_forward_hooks(module):
             return f"{name or 'the block'} has forward hooks"
     return ""
 
@@ -220,15 +171,12 @@ def fresh_copies(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 def calls_per_sample(device: str, input_bytes: int, call_ms: float) -> int:
-    """Calls timed together for one sample. On a CPU as many as take MIN_SAMPLE_MS by `call_ms`, one
-    eager call's time (at most MAX_CPU_CALLS): a diffusers ResNet block of 0.6 ms a call had its
-    compiled/eager ratio, measured twelve times, spread over 0.99-1.12x one call a sample and
-    0.98-1.07x eight; no more than CPU_COPIES_BYTES of input copies. On a GPU PIPELINED_CALLS (see
-    time_both), fewer (at least one) where that many copies of inputs of `input_bytes` would take more
-    than COPIES_MEMORY_SHARE of its free memory. Elsewhere one."""
+    """Calls timed together for one sample. On a GPU PIPELINED_CALLS (see time_both), fewer (at least
+    one) where that many copies of inputs of `input_bytes` would take more than COPIES_MEMORY_SHARE of
+    its free memory; on a CPU as the seam says (compiler/cpu: sized by `call_ms`, one eager call's
+    time); elsewhere one."""
     if device == "cpu":
-        fit = CPU_COPIES_BYTES // input_bytes if input_bytes else MAX_CPU_CALLS
-        return max(1, min(MAX_CPU_CALLS, fit, math.ceil(MIN_SAMPLE_MS / max(call_ms, 1e-3))))
+        return cpu.calls_per_sample(input_bytes, call_ms)
     if device != "cuda":
         return 1
     if input_bytes == 0:

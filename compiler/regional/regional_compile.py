@@ -3,30 +3,34 @@
 `RegionalCompile` holds, for one KilnModel, a `CompiledRegion` per distinct block (compiler/regional/blocks.py).
 Each has an entry function with a code object of its own (TorchDynamo keeps graphs and counts its
 recompile limit per code object, so every region of every model has its own budget) and a
-KilnBackend of its own, sharing the model's stats, cache and CUDA graph budget. While the model runs
-(`routed()`), a call of any block goes to its region's compiled entry with the block itself as an
-argument: its parameters are graph inputs, so the blocks of one region share the graphs and each
-reads its own live weights (LoRA and in-place patches show up without a recompile).
+KilnBackend of its own, sharing the model's ModelContext (options, stats, cache, CUDA-graph budget).
+While the model runs (`routed()`), a call of any block goes to its region's compiled entry with the
+block itself as an argument: its parameters are graph inputs, so the blocks of one region share the
+graphs and each reads its own live weights (LoRA and in-place patches show up without a recompile).
+What tells identical blocks apart is hidden where nothing reads it (compiler/regional/block_positions.py).
 
-What tells identical blocks apart is left out of their graph where nothing reads it: ComfyUI passes
-each block its position (`transformer_options["block"] = ("input", 4)`, `block_index`), which its
-attention code looks up in the (empty) dict of attention patches, so TorchDynamo would guard on it
-and compile the region again for every position. When no patch the block itself calls is installed
-(BLOCK_PATCHES, `patches_replace`; FreeU's patches run between blocks) the block sees a neutral
-position instead, and what it writes into the dict is copied back; with such patches, the real
-position goes in (a patch may depend on it), each position compiles once, and the recompile budget
-is sized for the model's blocks.
+**A region's states** (`RegionState`), in the order a region moves through them:
 
-A region whose block is one graph with nothing for Inductor to fuse (a lone convolution, a resize
-and a convolution: compiler/regional/fusible.py) runs its first call as captured and its blocks eagerly from
-then on (`stats.regions_eager`, with the reason): lowering it would cost a build and gain nothing,
-and every call of a compiled block pays TorchDynamo's entry and guards (~0.1 ms on a CPU).
+- NEW: not called yet; its first call decides and compiles it, in the foreground.
+- WAITING, HELD_BACK, HANDED (`background: true`, compiler/regional/background.py): its blocks run
+  eagerly; its first call asks the deciders that need no other region's verdict, then hands a copy of
+  its inputs to the model's lowering thread (HELD_BACK while those would pass MAX_HELD_BYTES: asked
+  again at a later call), which asks the rest and compiles it.
+- MEASURE_DUE: compiled in the background; its next call while the thread is idle measures it.
+- COMPILED: its blocks run its code from now on (it may still compile more graphs: shapes, dtypes).
+- EAGER (by choice) and FAILED (its compile failed): its blocks run eagerly from now on, never undone.
 
-A region with something to fuse is timed on its first call, right after it compiled, compiled and
-eagerly on copies of the same inputs, and stays compiled only where that is faster
-(compiler/regional/region_choice.py): on a CPU most of SD1.5's ResNet blocks are not. The choice is kept in
-Kiln's cache, so a later start never captures a region measured slower; and once the first regions
-of a block class gained less than 10% compiled, the class's other regions are not compiled at all.
+**Decided eager before any capture**: the deciders in DECIDERS, asked in that order from one place
+(`_eager_before_capture`): a choice stored in Kiln's cache (a timing, or the verdict that its block
+has nothing to fuse), the verdict of its block class, and the CPU's rule (compiler/cpu). In the
+background the class verdict is asked on the thread (it waits for the class's first regions), the
+others at the hand-in. A region that already holds a timing (stored) asks no more.
+
+**Decided by its first graph**: a block whose whole code is one graph with nothing for Inductor to fuse
+(compiler/regional/fusible.py) runs as captured, and its region eager. **Decided by measurement**: a
+region with something to fuse is timed right after its first graph compiled, compiled and eagerly on
+copies of the same inputs, and stays compiled only where that is faster (compiler/regional/region_choice.py).
+Each choice is kept in Kiln's cache, so a later start never captures a region measured slower.
 
 Per region, as the whole model has it: the first call compiles (with the region named in the
 progress, the log and the stats); a failed compile sends that region, and only it, to eager with the
@@ -37,24 +41,26 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import enum
 import logging
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
-from .. import compat
-from . import fusible, region_choice
-from .background import CallerState, HeldInputs, LoweringThread
+from .. import cpu
+from ..backend.context import CompileUnit, ModelContext
 from ..backend.dynamo_backend import KilnBackend, device_type_of, lowering_options
-from .blocks import Region
-from ..cache import GraphCache, choice_fields
-from ..shapes.cuda_graph_budget import CudaGraphBudget
+from ..cache import choice_fields
 from ..options.compile_options import CompileOptions
 from ..passes import Progress
-from ..shapes.shape_manager import CallShape
 from ..shapes.inputs import contiguous_inputs, model_latent, tensors_in
-from ..stats import KilnStats
+from ..shapes.shape_manager import CallShape
+from ..torch_compat import dynamo, module_calls
+from . import fusible, region_choice
+from .background import CallerState, HeldInputs, LoweringThread
+from .block_positions import calls_position_patches, carries_position, positions_hidden
+from .blocks import Region
 
 log = logging.getLogger("kiln")
 
@@ -67,36 +73,60 @@ def current_call_shape() -> Optional[CallShape]:
     return _call_shape.get()
 
 
+class RegionState(enum.Enum):
+    """Where a region stands (see the module docstring)."""
+
+    NEW = "not called yet"
+    WAITING = "waiting for its first call to hand it to the lowering thread"
+    HELD_BACK = "waiting: its inputs would pass MAX_HELD_BYTES; handed in at a later call"
+    HANDED = "queued on the lowering thread"
+    MEASURE_DUE = "compiled in the background; measured by its next call while the thread is idle"
+    COMPILED = "compiled"
+    EAGER = "runs eagerly by choice"
+    FAILED = "runs eagerly: its compile failed"
+
+
+BEFORE_LOWERED = (RegionState.WAITING, RegionState.HELD_BACK, RegionState.HANDED)  # blocks run eagerly meanwhile
+RUNS_EAGERLY = (RegionState.EAGER, RegionState.FAILED)  # never undone
+
+
+class Decider(NamedTuple):
+    """A rule that may decide a region eager before its first capture (DECIDERS)."""
+
+    waits_for_class: bool    # needs the verdict of the region's block class: asked on the lowering thread
+    ask: str                 # the CompiledRegion method that answers, given (block, args, kwargs): True for eager
+
+
+def may_stay_eager(options: CompileOptions, device: str) -> bool:
+    """Whether a region may run eagerly by choice on `device`: not where lowering would make its library
+    ops faster, with autotuning (it may pick a generated convolution), nor with CUDA graphs (which pay
+    on any graph: fewer launches). In mode fast the graph would run as captured anyway, behind
+    TorchDynamo's entry."""
+    return (options.lowering.inductor_preset is None
+            and not any(name.startswith("max_autotune") and value for name, value in options.inductor.items())
+            and not (options.cuda_graphs and device == "cuda"))
+
+
 class CompiledRegion:
     """One region's compiled entry and the guard every call of one of its blocks goes through."""
 
-    def __init__(self, region: Region, options: CompileOptions, stats: KilnStats, cache: Optional[GraphCache],
-                 label: str, cuda_graph_budget: Optional[CudaGraphBudget], progress: "RegionProgress",
+    def __init__(self, region: Region, context: ModelContext, progress: "RegionProgress",
                  verdicts: region_choice.ClassVerdicts, background: Optional["Background"] = None):
         self.region = region
         self.verdicts = verdicts  # what this model's regions measured, per block class
-        self.stats = stats
-        self.label = label
-        self.options = options
-        self.cache = cache
-        self.fallback: Optional[str] = None
-        self.decided = False  # compiled or eager was measured, or read from the cache: not measured again
-        entry = compat.own_code(compat.call_module_body, f"kiln_{label}_{region.name}".replace(".", "_").replace("#", "_"))
-        self.code = entry.__code__
-        self.backend = KilnBackend(options, stats, code=self.code, cache=cache, label=f"{label} {region.name}",
-                                   region=region.name, cuda_graph_budget=cuda_graph_budget,
-                                   call_shape=current_call_shape)
-        # lowered in the background (compiler/regional/background.py): "waiting" to be handed to the model's
-        # lowering thread, "handed" to it, "done" (compiled, or eager by choice or failure); None: in
-        # the foreground, by the call that finds it uncompiled
+        self.context = context
+        self.stats = context.stats
+        self.label = context.label
+        self.options = context.options
+        self.cache = context.cache
+        self.state = RegionState.WAITING if background is not None else RegionState.NEW
+        self.why_eager = ""  # with state EAGER or FAILED: why
+        self.idle: Optional[fusible.IdleRecord] = None  # its first graph had nothing to fuse: to keep in the cache
+        entry = dynamo.own_code(module_calls.call_module_body,
+                                f"kiln_{self.label}_{region.name}".replace(".", "_").replace("#", "_"))
+        self.backend = KilnBackend(context, CompileUnit(code=entry.__code__, name=region.name,
+                                                        call_shape=current_call_shape, as_captured=self._as_captured))
         self.background = background
-        self.lowered_in_background: Optional[str] = "waiting" if background is not None else None
-        # the rules decided before a hand-in (a stored choice, the convolution rule) were asked: a
-        # region whose inputs wait past MAX_HELD_BYTES does not read the cache again at every call
-        self.asked_before_hand_in = False
-        # lowered in the background: its next call with the lowering thread idle measures it
-        # (compiler/regional/region_choice.py); until then the thread lowers no other region of its class
-        self.measure_due = False
         # the lowering thread never calls the model's progress callback (it clears ComfyUI's cancel)
         self.backend.progress = progress.for_region(region) if background is None else None
         # auto: every size of a tensor the block is given (in a tuple, list or dict too) is marked
@@ -107,73 +137,152 @@ class CompiledRegion:
         # Python number the block reads (a norm's eps, the weight of an IPAdapter patch) is a constant
         # in the first graph, for Kiln's passes, and becomes an input of a second graph the first
         # time it changes, never a third
-        self.mark_sizes = options.dynamic is None
-        self.compiled = torch.compile(entry, backend=self.backend, dynamic=options.dynamic, fullgraph=options.fullgraph)
+        self.mark_sizes = self.options.dynamic is None
+        self.compiled = torch.compile(entry, backend=self.backend, dynamic=self.options.dynamic,
+                                      fullgraph=self.options.fullgraph)
 
     @property
     def runs_eagerly(self) -> bool:
         """Its blocks run eagerly from now on: by choice, or after its compile failed (never undone)."""
-        return self.fallback is not None or self.backend.kept_eager is not None
+        return self.state in RUNS_EAGERLY
+
+    @property
+    def timed(self) -> bool:
+        """The region holds a timing, measured or stored: it is not measured again, nor judged by its class."""
+        return self.region.name in self.stats.region_timings
 
     def __call__(self, block: torch.nn.Module, *args, **kwargs):
-        if self.runs_eagerly:
-            return compat.call_module_body(block, *args, **kwargs)
+        state = self.state
+        if state in RUNS_EAGERLY:
+            return module_calls.call_module_body(block, *args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
-        first = self.backend.graphs == 0
-        if self.lowered_in_background not in (None, "done"):
+        if state in BEFORE_LOWERED:
             return self._eagerly_until_lowered(block, args, kwargs)
-        if first and not self.decided and (self._eager_by_stored_choice(args, kwargs)
-                                           or self._eager_by_class(args, kwargs)
-                                           or self._eager_by_convolutions(block, args, kwargs)):
-            self._say_if_nothing_compiled()
-            return compat.call_module_body(block, *args, **kwargs)
+        if state is RegionState.NEW:
+            return self._first_call(block, args, kwargs)
         out = self._run_compiled(block, args, kwargs)
-        if first and self.backend.kept_idle is not None:
-            self._store_idle(args, kwargs)
-        measure = first
-        if self.measure_due and not self.background.thread.busy():  # timed beside a lowering, it would mislead
-            measure, self.measure_due = True, False
-        if measure and not self.decided and self.backend.graphs == 1 and self.backend.kept_eager is None:
-            self._measure(block, args, kwargs)
-        if measure and self.background is not None:
+        if state is RegionState.MEASURE_DUE and self.state is state and not self.background.thread.busy():
+            self._measure(block, args, kwargs)  # timed beside a lowering, it would mislead
             self.background.thread.wake()  # the regions of its class that waited for the verdict
-        if self.backend.kept_eager is not None:  # decided in this call: the last region compiled may be gone
-            self._say_if_nothing_compiled()
         return out
+
+    def _first_call(self, block: torch.nn.Module, args: tuple, kwargs: dict):
+        """In the foreground: the deciders, else the region's first compiled call and its measurement."""
+        if self._eager_before_capture(block, args, kwargs, DECIDERS):
+            return module_calls.call_module_body(block, *args, **kwargs)
+        out = self._run_compiled(block, args, kwargs)
+        if self.state is RegionState.NEW:
+            self._measure(block, args, kwargs)
+        elif self.idle is not None:
+            self._store_idle(args, kwargs)
+        if self.background is not None:
+            self.background.thread.wake()  # the regions of its class that waited for the verdict
+        return out
+
+    # ---- decided eager before any capture: DECIDERS, asked from here only ----------------------------
+
+    def _eager_before_capture(self, block: torch.nn.Module, args: tuple, kwargs: dict, deciders) -> bool:
+        """Ask `deciders` in order, until one decides the region eager (then True) or the region holds a
+        timing; a region decided eager here is never captured."""
+        for decider in deciders:
+            if self.timed:
+                return False
+            if getattr(self, decider.ask)(block, args, kwargs):
+                self._say_if_nothing_compiled()
+                return True
+        return False
+
+    def _stored_choice(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+        """Kiln's cache holds, for these inputs here, the verdict that the block has nothing to fuse, or
+        a choice measured before (kept as the region's timing; True when it says eager)."""
+        device = device_type_of((*args, *kwargs.values())) if self.cache is not None else None
+        if device is None or not may_stay_eager(self.options, device):
+            return False
+        records = self.cache.read_records(self._choice_fields(args, kwargs, device))
+        if fusible.IDLE_FILE in records:
+            try:
+                idle = fusible.IdleRecord.from_bytes(records[fusible.IDLE_FILE],
+                                                     f"the stored verdict of region {self.region.name}")
+            except ValueError as exc:
+                log.warning("Kiln: %s: ignored %s; the region is captured again", self.label, exc)
+            else:
+                return self._decided_eager("nothing_to_fuse", idle.reason() + " (found before, from Kiln's cache)")
+        data = records.get(region_choice.CHOICE_FILE) if self._may_measure(args, kwargs) else None
+        if data is None:
+            return False
+        try:
+            timing = region_choice.RegionTiming.from_bytes(data, f"the stored choice of region {self.region.name}")
+        except ValueError as exc:
+            log.warning("Kiln: %s: ignored %s; the region is measured again", self.label, exc)
+            return False
+        self._decide(timing, " (measured before, from Kiln's cache)")
+        if self.state is not RegionState.EAGER:
+            return False
+        self.backend.report(f"kept eager: {self.why_eager}", 1, 1)
+        return True
+
+    def _class_verdict(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+        """The first regions of its block class gained too little compiled (region_choice.ClassVerdicts)."""
+        why = self.verdicts.predicted_eager(self.region.block_class)
+        return bool(why) and self._may_measure(args, kwargs) is not None and self._decided_eager("class", why)
+
+    def _cpu_rule(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+        """Its block is one that runs no faster compiled on this device (cpu.eager_before_capture)."""
+        device = self._may_measure(args, kwargs)
+        why = cpu.eager_before_capture(block, device) if device else ""
+        return bool(why) and self._decided_eager("convolutions", why)
+
+    def _decided_eager(self, kind: str, why: str) -> bool:
+        """The region is decided eager before its first capture: said, counted and on the progress bar."""
+        self._keep_eager(kind, why)
+        self.backend.report(f"kept eager: {why}", 1, 1)
+        return True
+
+    # ---- decided by its first graph (the backend asks: CompileUnit.as_captured) ----------------------
+
+    def _as_captured(self, gm: torch.fx.GraphModule, device: str, whole_block: bool) -> str:
+        """Why to run this graph as captured: it gives Inductor nothing to fuse (compiler/regional/fusible.py),
+        where the region may stay eager. When the graph is the block's whole code, the region runs
+        eagerly from now on."""
+        if not may_stay_eager(self.options, device):
+            return ""
+        idle = fusible.idle_record(gm)
+        if idle is None:
+            return ""
+        if whole_block:
+            self.idle = idle
+            self.state, self.why_eager = RegionState.EAGER, idle.reason()
+            self.stats.keep_eager(self.region.name, "nothing_to_fuse", idle.reason())
+        return idle.reason()
 
     # ---- lowered in the background (compiler/regional/background.py) ------------------------------------
 
     def _eagerly_until_lowered(self, block: torch.nn.Module, args: tuple, kwargs: dict):
         """A call before the region's code is ready: its block runs eagerly, and on the region's first
         call a copy of its inputs is handed to the model's lowering thread (or on a later one, while
-        the inputs held for other regions fill MAX_HELD_BYTES). A region that a choice stored in
-        Kiln's cache or the convolution rule keeps eager is decided here, on the model's thread: it
-        is never handed in. The class rule waits on the thread for the verdict of its class."""
-        if self.lowered_in_background == "waiting":
-            if any(_carries_position(v) and _patches_read_position(v) for v in (*args, *kwargs.values())):
-                log.info("Kiln: %s: region %s is lowered in the foreground, by this call: its blocks call ComfyUI "
+        the inputs held for other regions fill MAX_HELD_BYTES). The deciders that need no other
+        region's verdict decide here, on the model's thread, before any input is copied: a region they
+        keep eager is never handed in. The class verdict waits on the thread for its class."""
+        if self.state is RegionState.WAITING:
+            if calls_position_patches(args, kwargs):
+                log.info("Kiln: %s: region %s is lowered in the foreground, by this call: its blocks call the host's "
                          "patches (a patch may keep state, and lowering beside the model would call it once more)",
                          self.label, self.region.name)
-                self.lowered_in_background = None
+                self.state = RegionState.NEW
                 self.backend.progress = self.background.progress.for_region(self.region)
                 return self(block, *args, **kwargs)
-            # what needs no other region's verdict is decided here, before any input is copied and held
-            if not self.asked_before_hand_in:
-                self.asked_before_hand_in = True
-                if not self.decided and (self._eager_by_stored_choice(args, kwargs)
-                                         or self._eager_by_convolutions(block, args, kwargs)):
-                    self.lowered_in_background = "done"
-                    self._say_if_nothing_compiled()
-                    return compat.call_module_body(block, *args, **kwargs)
-            if self.background.thread.can_hold(HeldInputs.bytes_of(args, kwargs)):  # else asked again at a later call
-                held, caller, shape = HeldInputs(args, kwargs), CallerState(), _call_shape.get()
-                # a region of its class lowered before is measured first: this one may follow the class's verdict
-                if self.background.thread.submit(self.region.name,
-                                                 lambda: self._lower_in_background(block, held, caller, shape),
-                                                 lambda: not self.background.measurement_due(self.region.block_class),
-                                                 held.nbytes):
-                    self.lowered_in_background = "handed"
-        return compat.call_module_body(block, *args, **kwargs)
+            if self._eager_before_capture(block, args, kwargs, [d for d in DECIDERS if not d.waits_for_class]):
+                return module_calls.call_module_body(block, *args, **kwargs)
+            self.state = RegionState.HELD_BACK
+        if self.state is RegionState.HELD_BACK and self.background.thread.can_hold(HeldInputs.bytes_of(args, kwargs)):
+            held, caller, shape = HeldInputs(args, kwargs), CallerState(), _call_shape.get()
+            # a region of its class lowered before is measured first: this one may follow the class's verdict
+            if self.background.thread.submit(self.region.name,
+                                             lambda: self._lower_in_background(block, held, caller, shape),
+                                             lambda: not self.background.measurement_due(self.region.block_class),
+                                             held.nbytes):
+                self.state = RegionState.HANDED
+        return module_calls.call_module_body(block, *args, **kwargs)
 
     def _lower_in_background(self, block: torch.nn.Module, held: HeldInputs, caller: CallerState,
                              shape: Optional[CallShape]) -> None:
@@ -184,20 +293,18 @@ class CompiledRegion:
         try:
             with caller.entered(), _call_shape_set(shape):  # the model call the inputs came from
                 args, kwargs = held.given()
-                if not self.decided and self._eager_by_class(args, kwargs):  # the other rules decided at the hand-in
-                    self._say_if_nothing_compiled()
+                if self._eager_before_capture(block, args, kwargs, [d for d in DECIDERS if d.waits_for_class]):
                     return
                 self._run_compiled(block, args, kwargs)
-            if self.backend.kept_idle is not None:
+            if self.idle is not None:
                 self._store_idle(args, kwargs)
         except Exception as exc:  # noqa: BLE001  the block failed on its copied inputs: it runs eagerly, as it would
             self._fall_back(f"failed while lowered in the background ({type(exc).__name__}: {str(exc)[:300]})", exc)
         finally:
-            self.measure_due = (not self.decided and not self.runs_eagerly and self.backend.graphs == 1
-                                and self.options.measure_regions)
-            self.lowered_in_background = "done"
-        how = ("runs eagerly: " + (self.fallback or self.backend.kept_eager)) if self.runs_eagerly \
-            else "its blocks run its code from their next call"
+            if self.state is RegionState.HANDED:
+                measurable = not self.timed and self.backend.graphs == 1 and self.options.measure_regions
+                self.state = RegionState.MEASURE_DUE if measurable else RegionState.COMPILED
+        how = f"runs eagerly: {self.why_eager}" if self.runs_eagerly else "its blocks run its code from their next call"
         log.info("Kiln: %s: region %s lowered in the background in %.1f s (%s); %s", self.label, self.region.name,
                  time.perf_counter() - start, self.background.done_line(), how)
 
@@ -208,36 +315,37 @@ class CompiledRegion:
             # (diffusers' Flux passes each block its rotary embedding as a (cos, sin) tuple sized by the tokens)
             for value in (*args, *kwargs.values()):
                 if isinstance(value, torch.Tensor):  # most inputs: no generator to walk
-                    compat.allow_any_sizes(value)
+                    dynamo.allow_any_sizes(value)
                 elif isinstance(value, (tuple, list, dict)):
                     for tensor in tensors_in(value, depth=3):
-                        compat.allow_any_sizes(tensor)
+                        dynamo.allow_any_sizes(tensor)
 
         def call():
-            if not any(_carries_position(v) for v in (*args, *kwargs.values())):
+            if not any(carries_position(v) for v in (*args, *kwargs.values())):
                 return self.compiled(block, *args, **kwargs)  # no position to hide: the common case, kept short
             with positions_hidden(args, kwargs) as (given_args, given_kwargs):
                 return self.compiled(block, *given_args, **given_kwargs)
 
-        return self.backend.run(call, lambda: compat.call_module_body(block, *args, **kwargs), self._fall_back)
+        return self.backend.run(call, lambda: module_calls.call_module_body(block, *args, **kwargs), self._fall_back)
 
-    # ---- compiled or eager, by measurement (compiler/regional/region_choice.py) -------------------------
+    # ---- decided by measurement (compiler/regional/region_choice.py) ---------------------------------
 
     def _may_measure(self, args: tuple, kwargs: dict) -> Optional[str]:
         """The device the region runs on when its choice may be measured (and kept); else None."""
         device = device_type_of((*args, *kwargs.values()))
-        return device if self.options.measure_regions and self.backend.may_keep_eager(device) else None
+        return device if self.options.measure_regions and may_stay_eager(self.options, device) else None
 
     def _measure(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """Right after the region's first graph compiled: time the call compiled and eagerly, keep the
-        faster, and store the choice in the cache for later starts."""
-        self.decided = True
-        device = self._may_measure(args, kwargs)
-        if device is None or self.fallback is not None:
+        faster, and store the choice in the cache for later starts. Not measured (it stays compiled):
+        a region that compiled more than one graph, or that holds a timing already."""
+        if self.state in RUNS_EAGERLY:
             return
-        patched = any(_carries_position(v) and _patches_read_position(v)
-                      for v in (*args, *kwargs.values()))
-        why_not = region_choice.why_not_measured(block, patched)
+        self.state = RegionState.COMPILED
+        device = self._may_measure(args, kwargs)
+        if device is None or self.timed or self.backend.graphs != 1:
+            return
+        why_not = region_choice.why_not_measured(block, calls_position_patches(args, kwargs))
         if why_not:
             log.info("Kiln: %s: region %s is not measured against eager (%s); it stays compiled",
                      self.label, self.region.name, why_not)
@@ -245,12 +353,13 @@ class CompiledRegion:
         graphs = self.backend.graphs
         try:
             timing = region_choice.time_both(lambda a, k: self._run_compiled(block, a, k),
-                                             lambda a, k: compat.call_module_body(block, *a, **k), args, kwargs, device)
+                                             lambda a, k: module_calls.call_module_body(block, *a, **k), args, kwargs,
+                                             device)
         except torch.cuda.OutOfMemoryError as exc:
             log.warning("Kiln: %s: region %s is not measured against eager: the GPU ran out of memory while "
                         "timing it (%s); it stays compiled", self.label, self.region.name, str(exc).splitlines()[0][:200])
             return
-        if self.backend.graphs != graphs or self.fallback is not None:
+        if self.backend.graphs != graphs or self.state is RegionState.FAILED:
             log.info("Kiln: %s: region %s compiled again while being measured; it stays compiled",
                      self.label, self.region.name)
             return
@@ -261,69 +370,12 @@ class CompiledRegion:
 
     def _store_idle(self, args: tuple, kwargs: dict) -> None:
         """The region's block had nothing to fuse (its first capture said so): keep the verdict in
-        Kiln's cache, so a later start runs it eagerly without capturing it (compiler/regional/fusible.py)."""
+        Kiln's cache, so a later start runs it eagerly without capturing it (compiler/regional/fusible.py);
+        say so if that leaves nothing compiled."""
+        self._say_if_nothing_compiled()
         if self.cache is not None:
             device = device_type_of((*args, *kwargs.values()))
-            self.cache.write_record(self._choice_fields(args, kwargs, device), fusible.IDLE_FILE,
-                                    self.backend.kept_idle.to_bytes())
-
-    def _eager_by_stored_choice(self, args: tuple, kwargs: dict) -> bool:
-        """Before the region's first capture: whether Kiln's cache holds, for these inputs here, the
-        verdict that the block has nothing to fuse, or a choice measured before that says eager (then
-        nothing is captured)."""
-        device = device_type_of((*args, *kwargs.values())) if self.cache is not None else None
-        if device is None or not self.backend.may_keep_eager(device):
-            return False
-        records = self.cache.read_records(self._choice_fields(args, kwargs, device))
-        if fusible.IDLE_FILE in records:
-            try:
-                idle = fusible.IdleRecord.from_bytes(records[fusible.IDLE_FILE],
-                                                     f"the stored verdict of region {self.region.name}")
-            except ValueError as exc:
-                log.warning("Kiln: %s: ignored %s; the region is captured again", self.label, exc)
-            else:
-                self.decided = True
-                self._keep_eager("nothing_to_fuse", idle.reason() + " (found before, from Kiln's cache)")
-                self.backend.report(f"kept eager: {self.backend.kept_eager}", 1, 1)
-                return True
-        data = records.get(region_choice.CHOICE_FILE) if self._may_measure(args, kwargs) else None
-        if data is None:
-            return False
-        try:
-            timing = region_choice.RegionTiming.from_bytes(data, f"the stored choice of region {self.region.name}")
-        except ValueError as exc:
-            log.warning("Kiln: %s: ignored %s; the region is measured again", self.label, exc)
-            return False
-        self.decided = True
-        self._decide(timing, " (measured before, from Kiln's cache)")
-        if self.backend.kept_eager is None:
-            return False
-        self.backend.report(f"kept eager: {self.backend.kept_eager}", 1, 1)
-        return True
-
-    def _eager_by_class(self, args: tuple, kwargs: dict) -> bool:
-        """Before the region's first capture: whether the first regions of its block class gained too
-        little compiled (region_choice.ClassVerdicts); then it is not compiled."""
-        why = "" if self.decided else self.verdicts.predicted_eager(self.region.block_class)
-        if not why or self._may_measure(args, kwargs) is None:
-            return False
-        return self._eager_before_capture("class", why)
-
-    def _eager_by_convolutions(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
-        """Before the region's first capture, with nothing measured or stored for it: whether its block
-        is one that runs no faster compiled on this device (region_choice.convolutions_on_cpu)."""
-        device = None if self.decided else self._may_measure(args, kwargs)
-        why = region_choice.convolutions_on_cpu(block, device) if device else ""
-        if not why:
-            return False
-        return self._eager_before_capture("convolutions", why)
-
-    def _eager_before_capture(self, kind: str, why: str) -> bool:
-        """The region is decided eager before its first capture: said, counted and on the progress bar."""
-        self.decided = True
-        self._keep_eager(kind, why)
-        self.backend.report(f"kept eager: {why}", 1, 1)
-        return True
+            self.cache.write_record(self._choice_fields(args, kwargs, device), fusible.IDLE_FILE, self.idle.to_bytes())
 
     def _decide(self, timing: region_choice.RegionTiming, source: str) -> None:
         self.stats.region_timings[self.region.name] = timing
@@ -335,7 +387,7 @@ class CompiledRegion:
             log.info("Kiln: %s: region %s stays compiled: %s%s", self.label, self.region.name, timing.line(), source)
 
     def _keep_eager(self, kind: str, why: str) -> None:
-        self.backend.kept_eager = why
+        self.state, self.why_eager = RegionState.EAGER, why
         self.stats.keep_eager(self.region.name, kind, why)
         log.info("Kiln: %s: region %s runs eagerly: %s", self.label, self.region.name, why)
 
@@ -344,7 +396,7 @@ class CompiledRegion:
                              f"{self.label} {self.region.name} choice")
 
     def _fall_back(self, reason: str, exc: BaseException) -> None:
-        self.fallback = reason
+        self.state, self.why_eager = RegionState.FAILED, reason
         self.stats.region_fallbacks[self.region.name] = reason
         message = (f"region {self.region.name} ({len(self.region.members)} block(s): {self.region.members[0]}...) "
                    f"{reason}; those blocks run eagerly from now on, the other regions stay compiled")
@@ -365,48 +417,12 @@ class CompiledRegion:
             log.error("Kiln: %s -- %s runs eagerly from now on", stats.fallback, self.label)
 
 
-# ComfyUI's transformer_options: the keys that say where a block sits, each with the neutral value a
-# block sees when no patch is installed; the keys a block writes for patches to read (its input's
-# shape); the keys that hold patches. Without a patch nothing reads the first two kinds.
-POSITION_KEYS = {"block": ("", 0), "block_index": 0, "transformer_index": 0}
-SCRATCH_KEYS = ("activations_shape",)
-# the patches a block itself calls with its position (attention replacements are keyed by it); the
-# others (FreeU's output_block_patch, input_block_patch, ...) run in the glue between blocks
-BLOCK_PATCHES = ("attn1_patch", "attn2_patch", "attn1_output_patch", "attn2_output_patch", "middle_patch")
-
-
-@contextlib.contextmanager
-def positions_hidden(args, kwargs):
-    """(args, kwargs) with each transformer_options dict (one with a "block" key) replaced by a copy
-    when it holds no patch a block calls (BLOCK_PATCHES, patches_replace): every POSITION_KEYS key
-    set to its neutral value and no SCRATCH_KEYS, so every block of a region passes the same keys
-    and values. After the call, the other keys the block wrote into the copy go into the original."""
-    swapped = []
-
-    def hide(value):
-        if not _carries_position(value) or _patches_read_position(value):
-            return value
-        copy = {key: item for key, item in value.items() if key not in SCRATCH_KEYS}
-        copy.update(POSITION_KEYS)
-        swapped.append((value, copy, dict(copy)))
-        return copy
-
-    new_args, new_kwargs = tuple(hide(a) for a in args), {k: hide(v) for k, v in kwargs.items()}
-    yield new_args, new_kwargs
-    for original, copy, given in swapped:
-        for key, item in copy.items():
-            if key not in POSITION_KEYS and key not in SCRATCH_KEYS and (key not in given or given[key] is not item):
-                original[key] = item
-
-
-def _carries_position(value) -> bool:
-    """A ComfyUI transformer_options dict: one that says where the block sits."""
-    return isinstance(value, dict) and "block" in value
-
-
-def _patches_read_position(options: dict) -> bool:
-    patches = options.get("patches") or {}
-    return bool(options.get("patches_replace")) or any(patches.get(key) for key in BLOCK_PATCHES)
+# the rules that may decide a region eager before its first capture, in the order they are asked
+DECIDERS = (
+    Decider(waits_for_class=False, ask="_stored_choice"),
+    Decider(waits_for_class=True, ask="_class_verdict"),
+    Decider(waits_for_class=False, ask="_cpu_rule"),
+)
 
 
 class RegionProgress:
@@ -440,18 +456,19 @@ class Background:
 
     def measurement_due(self, block_class: str) -> bool:
         """A region of `block_class` lowered here waits for its next call to be measured against eager."""
-        return any(region.measure_due and region.region.block_class == block_class for region in self.regions)
+        return any(region.state is RegionState.MEASURE_DUE and region.region.block_class == block_class
+                   for region in self.regions)
 
     def done_line(self) -> str:
-        done = sum(region.lowered_in_background == "done" for region in self.regions)
+        done = sum(region.state not in BEFORE_LOWERED for region in self.regions)
         return f"{done} of {len(self.regions)} regions done"
 
 
-def _background_here(label: str, stats: KilnStats) -> bool:
+def _background_here(label: str, stats) -> bool:
     """Whether this torch lets a region be lowered beside the model's call: with a torch that keeps
     its settings process-wide, the thread's capture would see the settings of whatever the model's
-    thread is doing (compat.settings_per_thread). Said when not."""
-    if compat.settings_per_thread():
+    thread is doing (dynamo.settings_per_thread). Said when not."""
+    if dynamo.settings_per_thread():
         return True
     note = (f"background: this torch ({torch.__version__}) keeps its compile settings process-wide, not per "
             "thread, so a lowering beside the model's call could run under the model's settings of the moment; "
@@ -464,14 +481,13 @@ def _background_here(label: str, stats: KilnStats) -> bool:
 class RegionalCompile:
     """Every region of one model, compiled lazily, and the routing of its blocks' calls."""
 
-    def __init__(self, regions: list[tuple[Region, list[torch.nn.Module]]], options: CompileOptions, stats: KilnStats,
-                 cache: Optional[GraphCache], label: str, cuda_graph_budget: Optional[CudaGraphBudget] = None):
+    def __init__(self, regions: list[tuple[Region, list[torch.nn.Module]]], context: ModelContext):
+        options, stats, label = context.options, context.stats, context.label
         self.progress = RegionProgress(len(regions))
         verdicts = region_choice.ClassVerdicts()
         self.background = Background(label, self.progress) if options.background and _background_here(label, stats) \
             else None
-        self.regions = [CompiledRegion(region, options, stats, cache, label, cuda_graph_budget, self.progress, verdicts,
-                                       self.background)
+        self.regions = [CompiledRegion(region, context, self.progress, verdicts, self.background)
                         for region, _ in regions]
         if self.background is not None:
             self.background.regions = self.regions
@@ -506,8 +522,8 @@ class RegionalCompile:
         recompile budget sized for the model's blocks and, where the shape policy specialises, the
         call's batch and latent for it to decide by."""
         self.progress.callback = progress
-        with compat.calls_routed(self._routes), compat.no_duck_sizing(), \
-                compat.no_fake_dispatch_cache(self.symbolic_sizes), compat.recompile_limit_at_least(self.budget), \
+        with module_calls.calls_routed(self._routes), dynamo.no_duck_sizing(), \
+                dynamo.no_fake_dispatch_cache(self.symbolic_sizes), dynamo.recompile_limit_at_least(self.budget), \
                 _call_shape_set(self._call_shape_of(args, kwargs or {}) if self.specialises else None):
             yield
 
@@ -533,8 +549,7 @@ class RegionalCompile:
         """The regions whose blocks run eagerly until they are lowered in the background: queued on the
         lowering thread, being lowered, or not yet handed in (not called yet, or their inputs held back
         by MAX_HELD_BYTES)."""
-        return [region.region.name for region in self.regions
-                if region.lowered_in_background in ("waiting", "handed") and not region.runs_eagerly]
+        return [region.region.name for region in self.regions if region.state in BEFORE_LOWERED]
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ import contextlib
 import logging
 from typing import Hashable, Optional
 
-from .. import compat
+from ..torch_compat import cuda_graph_trees, module_calls
 
 log = logging.getLogger("kiln")
 
@@ -49,7 +49,7 @@ class CudaGraphBudget:
         self._call_shape: Optional[Hashable] = None
         self._current = None
         self._asked = False
-        self._scope = compat.cuda_graph_capture_gate(self)
+        self._scope = cuda_graph_trees.cuda_graph_capture_gate(self)
         self._said_uncopied = False   # the log said once that an output held no tensor to copy
 
     @property
@@ -60,11 +60,11 @@ class CudaGraphBudget:
     @contextlib.contextmanager
     def for_call(self, shape: Hashable):
         """One call of the model, whose tensor inputs have `shape` (any hashable summary of them), and
-        one step of torch's CUDA graph trees (compat.cuda_graph_step: by blocks, the regions' outputs
+        one step of torch's CUDA graph trees (cuda_graph_trees.cuda_graph_step: by blocks, the regions' outputs
         stay valid through the call)."""
         self._call_shape = shape
         try:
-            with compat.cuda_graph_step():
+            with cuda_graph_trees.cuda_graph_step():
                 yield
         finally:
             self._call_shape = None
@@ -85,7 +85,7 @@ class CudaGraphBudget:
             copies.append(tensor)
             return tensor.clone()
 
-        owned = compat.map_tensors(copy, outputs)
+        owned = module_calls.map_tensors(copy, outputs)
         if not copies and not self._said_uncopied:
             self._said_uncopied = True
             log.warning("Kiln: the model's output (a %s) holds no tensor Kiln can copy, so an output kept "

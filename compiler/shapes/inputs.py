@@ -28,7 +28,8 @@ from typing import Optional
 
 import torch
 
-from .. import compat
+from ..host_inputs import host_inputs
+from ..torch_compat import dynamo, fx_graphs, module_calls
 
 
 def tensors_in(value, depth: int = 2):
@@ -49,7 +50,7 @@ def activation_indices(gm: torch.fx.GraphModule) -> list[int]:
     """The positions of a captured graph's inputs that are activations, not weights (TorchDynamo's
     guards fix the weights; the shape manager and mode fast's recordings key by the activations)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    return [i for i, n in enumerate(placeholders) if not compat.is_weight(n)]
+    return [i for i, n in enumerate(placeholders) if not fx_graphs.is_weight(n)]
 
 
 def shapes_key(args, indices) -> tuple:
@@ -79,7 +80,7 @@ def contiguous_inputs(args, kwargs):
                     return value.as_strided(value.shape, strides).detach()
         elif not _dense(value):
             return value.contiguous()
-        return value.detach() if compat.is_view(value) else value
+        return value.detach() if module_calls.is_view(value) else value
 
     return tuple(fix(a) for a in args), {k: fix(v) for k, v in kwargs.items()}
 
@@ -135,29 +136,20 @@ def mark_batch_and_resolution_dynamic(args, kwargs) -> None:
         return
     for tensor in inputs:
         if tensor.dim() > 0 and tensor.shape[0] == batch:
-            compat.allow_any_size(tensor, 0)
+            dynamo.allow_any_size(tensor, 0)
 
 
 def _allow_any_resolution(tensor: torch.Tensor) -> None:
     for dim in (tensor.dim() - 2, tensor.dim() - 1):
         if tensor.shape[dim] > 1:
-            compat.allow_any_size(tensor, dim)
-
-
-# Keys under which a sampler passes its whole sigma schedule down to the model (ComfyUI's
-# transformer_options["sample_sigmas"]); its length is the step count, which must not recompile.
-SCHEDULE_KEYS = ("sample_sigmas",)
+            dynamo.allow_any_size(tensor, dim)
 
 
 def mark_schedule_dynamic(args, kwargs) -> None:
-    """The length of a sigma schedule found in a dict argument is dynamic. Without this, changing
-    the number of steps recompiles (seen in a real ComfyUI server: "sample_sigmas size mismatch at
-    index 0. expected 5, actual 3")."""
+    """The length of a sampler's schedule that the host passes down in an argument (compiler/host_inputs.py:
+    ComfyUI's sigmas) is dynamic: it is the step count, and changing it must not recompile."""
+    host = host_inputs()
     for value in (*args, *kwargs.values()):
-        if not isinstance(value, dict):
-            continue
-        for key in SCHEDULE_KEYS:
-            sigmas = value.get(key)
-            if isinstance(sigmas, torch.Tensor) and sigmas.dim() == 1:
-                compat.allow_any_size(sigmas)
-
+        sigmas = host.schedule_in(value)
+        if sigmas is not None:
+            dynamo.allow_any_size(sigmas)

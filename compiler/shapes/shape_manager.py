@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import compat
+from ..torch_compat import dynamo, fx_graphs
 from .cuda_graph_budget import CudaGraphBudget
 from ..options.shape_policy import LATENT_FACTOR, PinnedShape, ShapePolicy, ShapePolicyError, pixels_problem
 from .inputs import activation_indices, shapes_key
@@ -78,7 +78,7 @@ class ShapeDispatcher:
                  compile_pinned: bool = False, cuda_graphs: Optional[CudaGraphBudget] = None,
                  call_shape: Optional[Callable[[], Optional[CallShape]]] = None):
         self._inputs = activation_indices(gm)
-        self._fakes = [compat.fake_value(n) for n in gm.graph.nodes if n.op == "placeholder"]
+        self._fakes = [fx_graphs.fake_value(n) for n in gm.graph.nodes if n.op == "placeholder"]
         tensors = [i for i in self._inputs if isinstance(self._fakes[i], torch.Tensor)]
         # the latent: the first 4-D (or 5-D video) activation; its dims are batch, channels, (frames,) H, W
         self._latent = next((i for i in tensors if self._fakes[i].dim() in (4, 5)), None)
@@ -216,9 +216,9 @@ class ShapeDispatcher:
     def _specialise(self, key, args, why: str) -> _Entry:
         start = time.perf_counter()
         try:
-            run = self._lower_static(compat.copy_graph_module(self._gm), list(args))
+            run = self._lower_static(fx_graphs.copy_graph_module(self._gm), list(args))
         except Exception as exc:  # noqa: BLE001  the generic graph still serves this signature; say so loudly
-            reason = f"specialising {self.describe(args)} failed ({compat.describe_compile_failure(exc)}); it runs on the dynamic graph"
+            reason = f"specialising {self.describe(args)} failed ({dynamo.describe_compile_failure(exc)}); it runs on the dynamic graph"
             log.error("Kiln: %s", reason, exc_info=exc)
             self.stats.warnings.append(reason)
             return self._add(key, self._generic, "reused", args, time.perf_counter() - start, note="specialisation failed")
@@ -265,7 +265,7 @@ class ShapeDispatcher:
     def _pin_failed(self, pin: PinnedShape, exc: Exception) -> None:
         """The inputs of a pinned shape could not be built: logged and warned, nothing compiled ahead
         (a call at that shape later is served, and specialised, as any other)."""
-        problem = str(exc) if isinstance(exc, ShapePolicyError) else compat.describe_compile_failure(exc)
+        problem = str(exc) if isinstance(exc, ShapePolicyError) else dynamo.describe_compile_failure(exc)
         reason = (f"pinned shape {pin.width}x{pin.height} at batch {pin.batch or self._first_batch} is not compiled ahead: "
                   f"building its inputs failed ({problem})")
         log.error("Kiln: %s", reason, exc_info=None if isinstance(exc, ShapePolicyError) else exc)
@@ -282,12 +282,12 @@ class ShapeDispatcher:
             fake, real = self._fakes[i], args[i]
             if isinstance(fake, torch.Tensor):
                 for size, value in zip(fake.shape, real.shape):
-                    expr = compat.size_expr(size)
+                    expr = fx_graphs.size_expr(size)
                     if getattr(expr, "is_Symbol", False):
                         binding[expr] = value
-            elif isinstance(fake, torch.SymInt) and getattr(compat.size_expr(fake), "is_Symbol", False):
-                binding[compat.size_expr(fake)] = real
-        latent = [compat.size_expr(s) for s in self._fakes[self._latent].shape]
+            elif isinstance(fake, torch.SymInt) and getattr(fx_graphs.size_expr(fake), "is_Symbol", False):
+                binding[fx_graphs.size_expr(fake)] = real
+        latent = [fx_graphs.size_expr(s) for s in self._fakes[self._latent].shape]
         wanted = {0: pin.batch or self._first_batch, len(latent) - 2: pin.latent[0], len(latent) - 1: pin.latent[1]}
         for dim, value in wanted.items():
             if not getattr(latent[dim], "is_Symbol", False):
@@ -297,7 +297,7 @@ class ShapeDispatcher:
             binding[latent[dim]] = value
 
         def size(s) -> int:
-            expr = compat.size_expr(s)
+            expr = fx_graphs.size_expr(s)
             return int(expr) if isinstance(expr, int) else int(expr.subs(binding))
 
         new = list(args)

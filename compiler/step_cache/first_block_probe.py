@@ -4,7 +4,7 @@
 order: SD1.5's first ResBlock, Flux's first double block); `first_block_probed(cache, block)`
 observes it for the duration of one model call and hands its residual, output minus input, to
 `cache.probe`, which may end the call there when the step is skipped. The observer sits where Kiln
-routes a block to its compiled region (compat.calls_observed): by blocks the region stays compiled
+routes a block to its compiled region (module_calls.calls_observed): by blocks the region stays compiled
 and the probe runs in the eager glue after it. A model compiled whole (core's compile node, Kiln's
 `compile_unit: whole`) runs its blocks inside one graph, where nothing observes them: the step
 cache then refuses the call with what to do instead.
@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from .. import compat
+from ..torch_compat import module_calls
 from ..regional.blocks import find_blocks
 from .decision import StepCache, StepCacheError
 
@@ -71,5 +71,5 @@ def first_block_probed(cache: StepCache, block: torch.nn.Module):
             cache.probe(residual(out, hidden_in))
         return out
 
-    with compat.calls_observed(block, before, after):
+    with module_calls.calls_observed(block, before, after):
         yield

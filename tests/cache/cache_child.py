@@ -1,8 +1,7 @@
 """Run by test_compile_cache.py in a fresh process: compile a small model with Kiln's cache, one step,
 print what happened as JSON on the last line (Kiln's log on stderr). argv: cache_dir seed out_path
 [channels_last_convs switch] [model: small, or blocks: three identical blocks compiled by blocks, every
-region lowered] [first: "uncached" compiles another small model without the cache first, as a server
-whose first compile did not use Kiln's cache]."""
+region lowered]."""
 import json
 import logging
 import sys
@@ -45,15 +44,11 @@ class Blocks(torch.nn.Module):
         return x
 
 
-def main(cache_dir, seed, out_path, switch="auto", model="small", first=""):
+def main(cache_dir, seed, out_path, switch="auto", model="small"):
     import kiln
-    from kiln.compiler import compat
+    from kiln.compiler.torch_compat import inductor
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if first == "uncached":
-        other = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 1), torch.nn.SiLU()).eval()
-        with torch.no_grad():
-            kiln.compile(other, options=kiln.CompileOptions(compile_unit="whole"))(torch.randn(1, 4, 5, 5))
     torch.manual_seed(int(seed))
     module = (Small() if model == "small" else Blocks()).eval()
     torch.manual_seed(100)
@@ -61,16 +56,11 @@ def main(cache_dir, seed, out_path, switch="auto", model="small", first=""):
     options = (kiln.CompileOptions(compile_unit="blocks", measure_regions=False) if model == "blocks"
                else kiln.CompileOptions(passes={"channels_last_convs": switch}))
     compiled = kiln.compile(module, options=options, cache_dir=cache_dir)
-    before = compat.inductor_cache_counts()
+    before = inductor.inductor_cache_counts()
     with torch.no_grad():
         out = compiled(x, t)
         eager = module(x, t)
-    counts = {k: v - before[k] for k, v in compat.inductor_cache_counts().items()}
-    if first == "uncached":  # as a server that stays up: the probe's programs built in the background get stored
-        from kiln.compiler.cache import cpu_probe
-
-        for thread in cpu_probe._building:
-            thread.join(300)
+    counts = {k: v - before[k] for k, v in inductor.inductor_cache_counts().items()}
     torch.save(out, out_path)
     stats = kiln.stats(compiled)
     print(json.dumps({"counts": counts, "events": [e.__dict__ for e in stats.cache], "fallback": stats.fallback,

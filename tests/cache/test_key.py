@@ -5,7 +5,7 @@ import torch
 
 from kiln.compiler.cache import entry_fields, entry_key, explain_miss, graph_hash
 from kiln.compiler.cache import key as key_module
-from kiln.compiler.compat import is_weight
+from kiln.compiler.torch_compat.fx_graphs import is_weight
 from kiln.compiler.options.shape_policy import ShapePolicy
 
 

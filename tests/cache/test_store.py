@@ -502,8 +502,8 @@ class _Counting:
         return data
 
 
-def test_an_entry_past_its_kinds_limit_is_refused_before_its_files_are_read(tmp_path, monkeypatch):
-    """A sparse file at a key anyone can compute (the CPU probe's) once was read whole into memory:
+def test_an_entry_past_its_limit_is_refused_before_its_files_are_read(tmp_path, monkeypatch):
+    """A sparse file planted at an entry's key once was read whole into memory:
     up to the cache's whole size cap (20 GiB by default)."""
     store = CacheStore(str(tmp_path), max_bytes=2**40)
     _sparse(store, "k" * 32, entry_module.MAX_ENTRY_BYTES + 1)
@@ -517,13 +517,14 @@ def test_an_entry_past_its_kinds_limit_is_refused_before_its_files_are_read(tmp_
     assert counted[0].bytes_read < 1024  # its MAGIC, length and header: nothing more
 
 
-def test_each_kind_of_entry_has_its_limit_within_the_caches_cap():
-    headers_fields = {entry_module.HEADERS_FIELD: "x"}
-    assert entry_module.size_limit({"graph": "g"})[0] == entry_module.MAX_ENTRY_BYTES
-    assert entry_module.size_limit(headers_fields)[0] == entry_module.MAX_HEADERS_ENTRY_BYTES
-    assert entry_module.size_limit(headers_fields, cap=1000) == (1000, "the cache's whole size cap")
-    # what real entries are: compiled graphs up to 17.3 MiB measured, a precompiled header about 150 MB
-    assert entry_module.MAX_ENTRY_BYTES >= 16 * 17.3 * 2**20 and entry_module.MAX_HEADERS_ENTRY_BYTES >= 4 * 150e6
+def test_an_entry_has_its_limit_within_the_caches_cap(tmp_path):
+    entry_module.check_size(entry_module.MAX_ENTRY_BYTES, "entry")
+    with pytest.raises(CacheEntryError, match="more than the limit for an entry"):
+        entry_module.check_size(entry_module.MAX_ENTRY_BYTES + 1, "entry")
+    with pytest.raises(CacheEntryError, match="more than the cache's whole size cap \\(1000 bytes\\)"):
+        entry_module.check_size(1001, "entry", cap=1000)
+    # what real entries are: compiled graphs up to 17.3 MiB measured
+    assert entry_module.MAX_ENTRY_BYTES >= 16 * 17.3 * 2**20
 
 
 def test_an_entry_past_its_limit_is_never_written(tmp_path, monkeypatch):
@@ -624,7 +625,7 @@ def test_import_checks_a_members_size_and_magic_before_reading_it(tmp_path, monk
     import tarfile
 
     store = CacheStore(str(tmp_path / "c"), max_bytes=2**40)
-    largest = max(entry_module.MAX_ENTRY_BYTES, entry_module.MAX_HEADERS_ENTRY_BYTES)
+    largest = entry_module.MAX_ENTRY_BYTES
     bundle = tmp_path / "big.tar"
     with tarfile.open(bundle, "w") as tar:  # a member claiming more than any entry: a sparse file behind it
         info = tarfile.TarInfo("k" * 32 + ".kiln")

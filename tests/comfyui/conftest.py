@@ -15,3 +15,12 @@ if COMFYUI_PATH and os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
     else:
         comfy.cli_args.args.cpu = True  # what `main.py --cpu` sets, before model_management reads it
         comfy.cli_args.args.use_pytorch_cross_attention = True  # SDPA attention, as such a server
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _comfy_host(comfy_host):
+    """In a ComfyUI process Kiln's nodes have registered ComfyUI's block conventions (nodes/block_inputs.py)."""
+    yield

@@ -10,7 +10,8 @@ if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
 pytest.importorskip("comfy.model_management")  # conftest.py put COMFYUI_PATH on the path and set ComfyUI's args
 
 
-from kiln.compiler import KilnPlan, Lowering, build_options, compat, model_for  # noqa: E402
+from kiln.compiler import KilnPlan, Lowering, build_options, model_for  # noqa: E402
+from kiln.compiler.torch_compat import versions
 from kiln.nodes.compile_unet import KilnCompileUNet  # noqa: E402
 from kiln.nodes.plan_wrapper import PLAN_KEY  # noqa: E402
 from comfy_testing import compile_unet, lora_like_patches, make_tiny_sd15_patcher, sample  # noqa: E402
@@ -125,7 +126,7 @@ def test_a_cancel_during_the_compile_stops_the_prompt_and_the_next_one_compiles(
 
 
 def test_an_old_torch_runs_the_prompt_eagerly_with_the_reason_in_the_report(monkeypatch):
-    monkeypatch.setattr(compat, "torch_version", lambda: (2, 3))
+    monkeypatch.setattr(versions, "torch_version", lambda: (2, 3))
     base = make_tiny_sd15_patcher(seed=4)
     model, report = compile_unet(base, mode="fast")
     assert model is base and "older than 2.5" in report

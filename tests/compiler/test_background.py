@@ -12,7 +12,6 @@ import torch
 import kiln
 from kiln.compiler import CompileOptions, Lowering, OptionsError, parse_expert_options
 from kiln.compiler.regional import region_choice
-from kiln.compiler.regional import background
 from kiln.compiler.regional.background import NICENESS, LoweringThread
 from kiln.compiler.regional.region_choice import RegionTiming, fresh_copies
 from kiln.compiler.regional.regional_compile import CompiledRegion
@@ -89,13 +88,13 @@ def test_a_region_whose_inputs_wait_past_the_bound_asks_the_cache_and_the_rules_
     from kiln.compiler.regional import background
 
     asked = []
-    real = CompiledRegion._eager_by_stored_choice
+    real = CompiledRegion._stored_choice
 
-    def stored_choice(self, args, kwargs):
+    def stored_choice(self, block, args, kwargs):
         asked.append(self.region.name)
-        return real(self, args, kwargs)
+        return real(self, block, args, kwargs)
 
-    monkeypatch.setattr(CompiledRegion, "_eager_by_stored_choice", stored_choice)
+    monkeypatch.setattr(CompiledRegion, "_stored_choice", stored_choice)
     monkeypatch.setattr(background, "MAX_HELD_BYTES", 2 * 15 * 16 * 4)  # Block#1's input alone
     module, x = _net(), torch.randn(2, 8, 3, 5)
     compiled = kiln.compile(module, options=CompileOptions(mode="fast", background=True, measure_regions=False),
@@ -218,17 +217,17 @@ def test_the_thread_lowers_under_the_settings_a_foreground_lowering_has_and_leav
     import torch._dynamo.config as dynamo_config
     import torch.fx.experimental._config as fx_config
 
-    from kiln.compiler import compat
+    from kiln.compiler.torch_compat import dynamo
 
     real, seen = Lowering.lower, []
 
     def lower(self, *args, **kwargs):
         seen.append((threading.current_thread() is threading.main_thread(), fx_config.use_duck_shape,
-                     dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit()))
+                     dynamo_config.fake_tensor_cache_enabled, dynamo.recompile_limit()))
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Lowering, "lower", lower)
-    before = (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit())
+    before = (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, dynamo.recompile_limit())
     foreground = kiln.compile(_net(), options=CompileOptions(mode="balanced", measure_regions=False))
     with torch.no_grad():
         foreground(torch.randn(2, 8, 3, 5))
@@ -240,13 +239,13 @@ def test_the_thread_lowers_under_the_settings_a_foreground_lowering_has_and_leav
             _lowered(compiled)
     assert [s[0] for s in in_foreground] == [True, True] and [s[0] for s in seen] == [False, False]
     assert [s[1:] for s in seen] == [s[1:] for s in in_foreground] and in_foreground[0][1:3] == (False, False)
-    assert (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit()) == before
+    assert (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, dynamo.recompile_limit()) == before
 
 
 def test_a_torch_that_keeps_its_settings_process_wide_lowers_in_the_foreground_and_says_so(monkeypatch, caplog):
-    from kiln.compiler import compat
+    from kiln.compiler.torch_compat import dynamo
 
-    monkeypatch.setattr(compat, "settings_per_thread", lambda: False)
+    monkeypatch.setattr(dynamo, "settings_per_thread", lambda: False)
     module, x = _net(), torch.randn(2, 8, 3, 5)
     compiled = _compile(module)
     with torch.no_grad():
@@ -276,7 +275,7 @@ class PatchedNet(torch.nn.Module):
         return x
 
 
-def test_a_region_whose_blocks_call_comfyui_patches_is_lowered_in_the_foreground_by_its_call(caplog):
+def test_a_region_whose_blocks_call_comfyui_patches_is_lowered_in_the_foreground_by_its_call(caplog, comfy_host):
     caplog.set_level(logging.INFO, "kiln")
     torch.manual_seed(0)
     module, x = PatchedNet().eval(), torch.randn(2, 4, 16)

@@ -1,15 +1,15 @@
-"""compiler/compat.py: the scoped settings and routes a model compiled by blocks enters on every call."""
+"""compiler/torch_compat/: the scoped settings and routes a model compiled by blocks enters on every call."""
 import pytest
 import torch
 import torch.fx.experimental._config as fx_config
 
-from kiln.compiler import compat
+from kiln.compiler.torch_compat import dynamo, fx_graphs, module_calls
 from testing_utils import fake_caches_of
 
 
 def test_a_config_scope_sets_its_values_inside_and_puts_them_back_after_even_on_an_error():
     assert fx_config.use_duck_shape is True
-    scope = compat.ConfigScope(fx_config, {"use_duck_shape": False})
+    scope = dynamo.ConfigScope(fx_config, {"use_duck_shape": False})
     with scope:
         assert fx_config.use_duck_shape is False
     assert fx_config.use_duck_shape is True
@@ -20,12 +20,12 @@ def test_a_config_scope_sets_its_values_inside_and_puts_them_back_after_even_on_
 
 
 def test_no_duck_sizing_and_the_recompile_limit_are_scoped():
-    before = compat.recompile_limit()
-    with compat.no_duck_sizing(), compat.recompile_limit_at_least(before + 50):
-        assert fx_config.use_duck_shape is False and compat.recompile_limit() == before + 50
-    assert fx_config.use_duck_shape is True and compat.recompile_limit() == before
-    with compat.recompile_limit_at_least(1):  # already at least that: left as it is
-        assert compat.recompile_limit() == before
+    before = dynamo.recompile_limit()
+    with dynamo.no_duck_sizing(), dynamo.recompile_limit_at_least(before + 50):
+        assert fx_config.use_duck_shape is False and dynamo.recompile_limit() == before + 50
+    assert fx_config.use_duck_shape is True and dynamo.recompile_limit() == before
+    with dynamo.recompile_limit_at_least(1):  # already at least that: left as it is
+        assert dynamo.recompile_limit() == before
 
 
 def _fake_caches_seen_by_a_capture(dynamic) -> set:
@@ -44,13 +44,13 @@ def test_no_fake_dispatch_cache_where_sizes_are_symbolic_scoped_even_on_an_error
     import torch._dynamo.config as dynamo_config
 
     before = dynamo_config.fake_tensor_cache_enabled  # True unless TORCH_FAKE_TENSOR_DISPATCH_CACHE=0
-    with compat.no_fake_dispatch_cache():
+    with dynamo.no_fake_dispatch_cache():
         assert _fake_caches_seen_by_a_capture(dynamic=True) == {False}
     assert dynamo_config.fake_tensor_cache_enabled is before
     assert _fake_caches_seen_by_a_capture(dynamic=True) == {before}
-    with compat.no_fake_dispatch_cache(symbolic_sizes=False):  # static sizes: as torch has it
+    with dynamo.no_fake_dispatch_cache(symbolic_sizes=False):  # static sizes: as torch has it
         assert _fake_caches_seen_by_a_capture(dynamic=False) == {before}
-    with pytest.raises(ValueError), compat.no_fake_dispatch_cache():
+    with pytest.raises(ValueError), dynamo.no_fake_dispatch_cache():
         raise ValueError("the model's own error")
     assert dynamo_config.fake_tensor_cache_enabled is before
 
@@ -59,7 +59,7 @@ def test_no_fake_dispatch_cache_leaves_a_torch_without_the_setting_as_it_is(monk
     import torch._dynamo.config as dynamo_config
 
     monkeypatch.delattr(dynamo_config, "fake_tensor_cache_enabled")
-    with compat.no_fake_dispatch_cache():
+    with dynamo.no_fake_dispatch_cache():
         assert not hasattr(dynamo_config, "fake_tensor_cache_enabled")
 
 
@@ -68,7 +68,7 @@ def test_calls_routed_routes_inside_and_puts_back_what_was_installed_before():
     installed = other.__dict__.get("_compiled_call_impl")  # what nn.Module set up, if anything
     block._compiled_call_impl = lambda *a: "installed by someone else"
     x = torch.ones(1, 2)
-    with compat.calls_routed({block: lambda *a: "routed", other: lambda *a: "routed too"}):
+    with module_calls.calls_routed({block: lambda *a: "routed", other: lambda *a: "routed too"}):
         assert block(x) == "routed" and other(x) == "routed too"
         assert "_compiled_call_impl" not in block._parameters and "_compiled_call_impl" not in block._modules
     assert block(x) == "installed by someone else"
@@ -101,7 +101,7 @@ def test_a_copied_graph_still_tells_aotautograd_which_inputs_are_weights():
     def weights_of(gm):
         return _try_get_metadata_from_dynamo(gm, {}.keys(), inputs, [None] * inputs)[1]
 
-    assert weights_of(original) and weights_of(compat.copy_graph_module(original)) == weights_of(original)
+    assert weights_of(original) and weights_of(fx_graphs.copy_graph_module(original)) == weights_of(original)
 
 
 def test_this_torch_keeps_its_settings_per_thread_and_a_thread_started_in_a_copied_context_sees_them():
@@ -109,9 +109,9 @@ def test_this_torch_keeps_its_settings_per_thread_and_a_thread_started_in_a_copi
     import contextvars
     import threading
 
-    assert compat.settings_per_thread()
+    assert dynamo.settings_per_thread()
     seen = {}
-    with compat.no_duck_sizing():
+    with dynamo.no_duck_sizing():
         context = contextvars.copy_context()
         plain = threading.Thread(target=lambda: seen.setdefault("plain", fx_config.use_duck_shape))
         copied = threading.Thread(target=context.run, args=(lambda: seen.setdefault("copied", fx_config.use_duck_shape),))

@@ -12,7 +12,7 @@ import torch
 import torch._inductor.config as inductor_config
 from torch._inductor.cudagraph_trees import is_cudagraph_capture_sizes  # what torch asks (2.11 - 2.13)
 
-from kiln.compiler import compat
+from kiln.compiler.torch_compat import cuda_graph_trees
 from kiln.compiler.shapes.cuda_graph_budget import NOT_ASKED, OVER_BOUND, RECORDED, CudaGraphBudget
 from kiln.compiler.stats import VariantRecord
 
@@ -149,7 +149,7 @@ def test_a_model_call_is_one_step_of_the_cuda_graph_trees():
     (a_first, a_last), (b_first, b_last) = seen
     assert a_first == a_last and b_first == b_last   # one step through each call, however many graphs
     assert len({a_first, b_first, outside}) == 3     # a new step per call
-    assert a_first <= compat.KILN_STEPS_FROM and b_first <= compat.KILN_STEPS_FROM  # Kiln's numbers, not torch's
+    assert a_first <= cuda_graph_trees.KILN_STEPS_FROM and b_first <= cuda_graph_trees.KILN_STEPS_FROM  # Kiln's numbers, not torch's
 
 
 def test_the_step_marker_is_put_back_when_the_call_fails():
@@ -220,4 +220,4 @@ def test_a_model_with_cuda_graphs_on_hands_back_outputs_copied_inside_its_step(m
                 assert out.data_ptr() != x.data_ptr()  # the caller's own copy
     finally:
         torch._dynamo.reset()
-    assert len(copied_in) == 1 and copied_in[0] <= compat.KILN_STEPS_FROM  # once, inside the call's step
+    assert len(copied_in) == 1 and copied_in[0] <= cuda_graph_trees.KILN_STEPS_FROM  # once, inside the call's step

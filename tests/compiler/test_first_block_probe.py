@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.compiler import CompileOptions, StepCache, StepCacheError, StepCacheOptions, compat, step_cached
+from kiln.compiler import CompileOptions, StepCache, StepCacheError, StepCacheOptions, step_cached
+from kiln.compiler.torch_compat import module_calls
 from kiln.compiler.step_cache.first_block_probe import first_block_of, first_block_probed, first_tensor_input, residual
 
 
@@ -138,9 +139,9 @@ def test_a_call_of_the_first_block_outside_a_step_is_ignored():
 def test_an_observed_block_keeps_a_route_installed_inside_and_both_are_put_back():
     block, seen = Block(4), []
     x, emb = torch.randn(1, 4), torch.zeros(1, 4)
-    with compat.calls_observed(block, lambda args, kwargs: seen.append("before") or "token",
+    with module_calls.calls_observed(block, lambda args, kwargs: seen.append("before") or "token",
                                lambda out, token: seen.append(token) or out * 0):
-        with compat.calls_routed({block: lambda *a: seen.append("routed") or torch.ones(1, 4)}):
+        with module_calls.calls_routed({block: lambda *a: seen.append("routed") or torch.ones(1, 4)}):
             assert torch.equal(block(x, emb), torch.zeros(1, 4))
         assert seen == ["before", "routed", "token"]
         block(x, emb)

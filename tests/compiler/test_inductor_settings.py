@@ -85,9 +85,9 @@ def test_every_allowed_setting_accepts_torchs_own_default():
 
 
 def test_an_allowed_name_this_torch_lacks_is_left_out_of_the_list(monkeypatch):
-    from kiln.compiler import compat
+    from kiln.compiler.torch_compat import inductor
 
-    monkeypatch.setattr(compat, "is_inductor_option", lambda name: name != "max_fusion_size")
+    monkeypatch.setattr(inductor, "is_inductor_option", lambda name: name != "max_fusion_size")
     assert "max_fusion_size" not in allowed_names()
     assert "max_fusion_size" not in setting_problem("cpp.cxx", "g++").split("allowed: ")[1].split(", ")
     assert "not an Inductor config setting" in setting_problem("max_fusion_size", 64)

@@ -125,7 +125,7 @@ def test_plan_parts_and_changes():
     assert KilnPlan().describe() == "nothing" and plan.describe().startswith("compile (balanced")
 
 
-def test_the_sigma_schedule_length_is_dynamic():
+def test_the_sigma_schedule_length_is_dynamic(comfy_host):
     """ComfyUI passes the whole sigma schedule down in transformer_options; its length is the step count."""
 
     class ReadsSigmas(Small):
@@ -178,52 +178,3 @@ def test_twenty_models_of_one_class_compile_and_go_with_the_model():
           f"models alive: {alive}")
     assert alive == 0
     assert after - before < 24, f"{after - before:.1f} MiB more after 18 more models"
-
-
-def test_a_cpu_model_with_a_cache_makes_inductors_cpu_files_ready_beside_its_first_call(tmp_path, monkeypatch):
-    """Started before the first capture, waited for at the end of the first call; never for a later call,
-    without a cache, without Inductor, or for a call whose input is on another device."""
-    from kiln.compiler.cache import GraphCache
-
-    calls = []
-    monkeypatch.setattr(GraphCache, "ready_cpu_files_ahead", lambda self: calls.append("ahead"))
-    finish = GraphCache.finish_ahead
-    monkeypatch.setattr(GraphCache, "finish_ahead", lambda self: (calls.append("finish"), finish(self)))
-    monkeypatch.setattr(GraphCache, "_ready_cpu_files", lambda self, store: None)  # no real probe or headers here
-
-    def lower(self, gm, example_inputs, options, device, cache_tag=""):
-        calls.append("lower")
-        return gm.forward, "fx"
-
-    monkeypatch.setattr(Lowering, "lower", lower)
-    x = torch.randn(3, 32)
-    compiled = kiln.compile(Small(), mode="balanced", cache_dir=str(tmp_path))
-    compiled(x)
-    assert calls == ["ahead", "finish", "lower", "finish"]  # the cache's lowering waits, and so does the call's end
-    compiled(x)
-    assert calls == ["ahead", "finish", "lower", "finish"]
-    calls.clear()
-    kiln.compile(Small(), mode="balanced")(x)  # no cache
-    kiln.compile(Small(), mode="fast", cache_dir=str(tmp_path))(x)  # no Inductor
-    assert "ahead" not in calls
-    on_meta = kiln.compile(Small(), mode="balanced", cache_dir=str(tmp_path))
-    on_meta._prepare((torch.empty(3, 32, device="meta"),), {})  # a GPU's latent, as far as the choice goes
-    assert "ahead" not in calls
-
-
-def test_a_failure_to_make_the_cpu_files_ready_ahead_never_sends_the_model_to_eager(tmp_path, monkeypatch, caplog):
-    from kiln.compiler.cache import GraphCache, graph_cache
-
-    def broken(store, use_stored=True):
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(graph_cache.cpu_probe, "builds_programs", broken)
-    monkeypatch.setattr(GraphCache, "_ready_cpu_files", lambda self, store: None)
-    monkeypatch.setattr(Lowering, "lower", lambda self, gm, example_inputs, options, device, cache_tag="": (gm.forward, "fx"))
-    compiled = kiln.compile(Small(), mode="balanced", cache_dir=str(tmp_path))
-    x = torch.randn(3, 32)
-    with caplog.at_level(logging.INFO, logger="kiln"):
-        compiled(x)
-    info = kiln.stats(compiled)
-    assert not info.fallback and info.compile_count == 1
-    assert "made ready at the first lowering, not beside the capture (Input/output error)" in caplog.text

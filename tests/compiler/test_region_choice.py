@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.compiler import CompileOptions, OptionsError
+from kiln.compiler import CompileOptions, OptionsError, cpu
+from kiln.compiler.cpu import region_rules
 from kiln.compiler.regional import region_choice
 from kiln.compiler.regional.region_choice import MIN_GAIN, RegionTiming, fresh_copies, time_both, why_not_measured
 from testing_utils import rel_err
@@ -14,7 +15,7 @@ from testing_utils import rel_err
 
 class Mix(torch.nn.Module):
     """A norm, an activation and a layer mixing the channels of each pixel (a Linear: on a CPU a
-    block of convolutions is not compiled at all, `region_choice.convolutions_on_cpu`)."""
+    block of convolutions is not compiled at all, `cpu.eager_before_capture`)."""
 
     def __init__(self, channels: int = 4):
         super().__init__()
@@ -144,7 +145,7 @@ def test_time_both_gives_each_call_its_own_copies_and_alternates_the_order(monke
         args[0].add_(1)
         order.append("e")
 
-    monkeypatch.setattr(region_choice, "MAX_CPU_CALLS", 1)
+    monkeypatch.setattr(region_rules, "MAX_CPU_CALLS", 1)
     timing = time_both(compiled, eager, (x,), {}, "cpu", rounds=4)
     assert torch.equal(x, torch.zeros(3)) and order == ["c", "e"] + ["c", "e", "e", "c", "c", "e", "e", "c"]  # warm-up
     assert timing.compiled_ms > 0 and timing.eager_ms > 0
@@ -154,9 +155,9 @@ def test_on_a_cpu_a_sample_is_as_many_calls_as_outlast_the_noise(monkeypatch):
     """After one call of each side (the warm-up), sized by its eager call: MIN_SAMPLE_MS of calls a sample,
     at most MAX_CPU_CALLS."""
     assert region_choice.calls_per_sample("cpu", 1 << 20, call_ms=50.0) == 1
-    assert region_choice.calls_per_sample("cpu", 1 << 20, call_ms=region_choice.MIN_SAMPLE_MS / 4) == 4
-    assert region_choice.calls_per_sample("cpu", 1 << 20, call_ms=0.0) == region_choice.MAX_CPU_CALLS
-    assert region_choice.calls_per_sample("cpu", region_choice.CPU_COPIES_BYTES // 3, call_ms=0.0) == 3  # copies fit
+    assert region_choice.calls_per_sample("cpu", 1 << 20, call_ms=region_rules.MIN_SAMPLE_MS / 4) == 4
+    assert region_choice.calls_per_sample("cpu", 1 << 20, call_ms=0.0) == region_rules.MAX_CPU_CALLS
+    assert region_choice.calls_per_sample("cpu", region_rules.CPU_COPIES_BYTES // 3, call_ms=0.0) == 3  # copies fit
     assert region_choice.calls_per_sample("cpu", 1 << 40, call_ms=0.0) == 1  # never fewer than one
     assert region_choice.calls_per_sample("mps", 1 << 20, call_ms=0.0) == 1  # another device: one call, as before
     order = []
@@ -164,7 +165,7 @@ def test_on_a_cpu_a_sample_is_as_many_calls_as_outlast_the_noise(monkeypatch):
     monkeypatch.setattr(region_choice.time, "perf_counter", lambda: next(clock) / 1e3)
     timing = time_both(lambda a, k: order.append("c"), lambda a, k: order.append("e"), (torch.zeros(3),), {}, "cpu",
                        rounds=2)
-    n = math.ceil(region_choice.MIN_SAMPLE_MS)  # ... so the warm-up's eager call reads 1 ms
+    n = math.ceil(region_rules.MIN_SAMPLE_MS)  # ... so the warm-up's eager call reads 1 ms
     assert order == ["c", "e"] + ["c"] * n + ["e"] * n + ["e"] * n + ["c"] * n
     assert timing.compiled_ms == pytest.approx(1 / n) and timing.eager_ms == pytest.approx(1 / n)
 
@@ -340,14 +341,14 @@ def test_the_share_of_a_block_s_weights_in_convolutions():
     res = Res()
     conv = res.conv.weight.numel() + res.conv.bias.numel()
     total = sum(p.numel() for p in res.parameters())
-    assert region_choice.convolution_share(res) == conv / total and conv / total > region_choice.CPU_CONVOLUTION_SHARE
-    assert region_choice.convolution_share(Mix()) == 0.0
-    assert region_choice.convolution_share(torch.nn.ReLU()) == 0.0  # no weights at all
+    assert region_rules.convolution_share(res) == conv / total and conv / total > region_rules.CPU_CONVOLUTION_SHARE
+    assert region_rules.convolution_share(Mix()) == 0.0
+    assert region_rules.convolution_share(torch.nn.ReLU()) == 0.0  # no weights at all
 
     class SubclassConv(torch.nn.Conv2d):  # as diffusers' and ComfyUI's convolutions are
         pass
 
-    assert region_choice.convolution_share(SubclassConv(2, 2, 3)) == 1.0
+    assert region_rules.convolution_share(SubclassConv(2, 2, 3)) == 1.0
 
 
 def test_on_a_cpu_convolution_blocks_are_neither_captured_nor_measured_and_say_why(timings, caplog):
@@ -361,7 +362,7 @@ def test_on_a_cpu_convolution_blocks_are_neither_captured_nor_measured_and_say_w
     assert not timings and list(info.region_timings) == ["Mix#1"]
     assert [c.region for c in info.compiles] == ["Mix#1"]  # Res#1 was not even captured
     assert info.eager_kinds == {"Res#1": "convolutions"}
-    share = region_choice.convolution_share(module.res[0])
+    share = region_rules.convolution_share(module.res[0])
     assert info.regions_eager["Res#1"] == (f"not compiled: on a CPU, a block with {share:.0%} of its weights in "
                                            "convolutions; such blocks measured no faster compiled there, and each "
                                            "costs seconds to lower")
@@ -379,7 +380,7 @@ def test_convolution_blocks_compile_with_measure_regions_false_or_a_choice_measu
 
     # a choice kept in Kiln's cache is this machine's own measurement: it decides before the rule
     with monkeypatch.context() as without_rule:
-        without_rule.setattr(region_choice, "convolutions_on_cpu", lambda block, device: "")
+        without_rule.setattr(cpu, "eager_before_capture", lambda block, device: "")
         timings += [(0.5, 1.0), (0.5, 1.0)]  # Res#1, Mix#1: both faster compiled, both stored
         with torch.no_grad():
             kiln.compile(ResNet().eval(), mode="balanced", cache_dir=str(tmp_path))(x)

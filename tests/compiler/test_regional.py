@@ -7,7 +7,8 @@ import torch._dynamo.config as dynamo_config
 import torch.fx.experimental._config as fx_config
 
 import kiln
-from kiln.compiler import CompileOptions, Lowering, OptionsError, compat
+from kiln.compiler import CompileOptions, Lowering, OptionsError
+from kiln.compiler.torch_compat import dynamo
 from testing_utils import Block, fail_lowering_of_width, fake_caches_of, rel_err, two_region_net
 
 
@@ -230,10 +231,10 @@ def test_a_cancel_in_one_region_is_re_raised_and_the_next_call_compiles_only_wha
             raise Cancelled("cancelled by the user")
 
     compiled.progress = cancel
-    settings = (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit())
+    settings = (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, dynamo.recompile_limit())
     with torch.no_grad(), pytest.raises(Cancelled, match="cancelled by the user"):
         compiled(x)
-    assert (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, compat.recompile_limit()) == settings
+    assert (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, dynamo.recompile_limit()) == settings
     info = kiln.stats(compiled)
     assert info.fallback is None and not info.region_fallbacks and [c.region for c in info.compiles] == ["Block#1"]
     compiled.progress = None  # the next prompt
@@ -518,12 +519,11 @@ def test_when_the_regions_with_something_to_fuse_all_fail_the_model_says_it_runs
 
 
 def test_regions_with_nothing_to_fuse_are_lowered_where_lowering_pays_anyway():
-    from kiln.compiler.backend.dynamo_backend import KilnBackend
-    from kiln.compiler.stats import KilnStats
+    from kiln.compiler.backend.context import CompileUnit
+    from kiln.compiler.regional.regional_compile import may_stay_eager
 
     def may_keep_eager(device="cpu", **options):
-        options = CompileOptions(**options)
-        return KilnBackend(options, KilnStats(options.as_dict()), region="Down#1").may_keep_eager(device)
+        return may_stay_eager(CompileOptions(**options), device)
 
     assert may_keep_eager(mode="balanced")
     assert not may_keep_eager(mode="max")  # autotuning may pick a generated convolution
@@ -532,8 +532,7 @@ def test_regions_with_nothing_to_fuse_are_lowered_where_lowering_pays_anyway():
     assert may_keep_eager("cpu", mode="balanced", cuda_graphs=True)
     assert may_keep_eager(mode="fast")  # the graph runs as captured either way: without TorchDynamo's entry, eagerly
     assert not may_keep_eager("cuda", mode="fast", cuda_graphs=True)
-    options = CompileOptions(mode="balanced")
-    assert not KilnBackend(options, KilnStats(options.as_dict())).may_keep_eager("cpu")  # a whole model
+    assert CompileUnit().as_captured is None and CompileUnit().is_whole_model  # a whole model lowers every graph
 
 
 def test_a_region_torchdynamo_cannot_capture_runs_eagerly_and_the_others_stay_compiled(monkeypatch, caplog):
@@ -577,7 +576,7 @@ def test_with_cuda_graphs_every_regions_graph_runs_under_the_models_input_shape(
     """shapes.max_cuda_graphs counts the model's input shapes, not graphs (compiler/shapes/cuda_graph_budget.py):
     each region's graph runs inside the model call's place. CUDA graphs need a GPU (tests/gpu); here the
     budget is handed the CPU graphs to check what it is asked with."""
-    from kiln.compiler.backend.dynamo_backend import KilnBackend
+    from kiln.compiler.backend.context import ModelContext
     from kiln.compiler.shapes.cuda_graph_budget import CudaGraphBudget
 
     seen = []
@@ -587,7 +586,7 @@ def test_with_cuda_graphs_every_regions_graph_runs_under_the_models_input_shape(
         return fn(*args)
 
     monkeypatch.setattr(CudaGraphBudget, "run", run)
-    monkeypatch.setattr(KilnBackend, "_budget", lambda self, device: self._cuda_graph_budget)
+    monkeypatch.setattr(ModelContext, "budget_for", lambda self, device: self.cuda_graph_budget)
     module = _net()
     compiled = _compile(module, mode="fast", cuda_graphs=True)
     with torch.no_grad():
@@ -612,13 +611,13 @@ class DownNet(torch.nn.Module):
 
 def test_once_every_region_runs_eagerly_a_call_skips_the_routing(monkeypatch):
     entered = []
-    routed = kiln.compiler.compat.calls_routed
+    routed = kiln.compiler.torch_compat.module_calls.calls_routed
 
     def counting(routes):
         entered.append(len(routes))
         return routed(routes)
 
-    monkeypatch.setattr(kiln.compiler.compat, "calls_routed", counting)
+    monkeypatch.setattr(kiln.compiler.torch_compat.module_calls, "calls_routed", counting)
     torch.manual_seed(0)
     module, x = DownNet().eval(), torch.randn(2, 4, 8, 8)
     compiled = _compile(module, mode="balanced")
@@ -634,8 +633,8 @@ def test_once_every_region_runs_eagerly_a_call_skips_the_routing(monkeypatch):
 
 def test_a_model_with_a_compiled_region_keeps_routing_every_call(monkeypatch):
     entered = []
-    routed = kiln.compiler.compat.calls_routed
-    monkeypatch.setattr(kiln.compiler.compat, "calls_routed", lambda routes: entered.append(1) or routed(routes))
+    routed = kiln.compiler.torch_compat.module_calls.calls_routed
+    monkeypatch.setattr(kiln.compiler.torch_compat.module_calls, "calls_routed", lambda routes: entered.append(1) or routed(routes))
     torch.manual_seed(0)
     module, x = ConvNet().eval(), torch.randn(2, 4, 8, 8)  # Mix compiles, Down runs eagerly
     compiled = _compile(module, mode="balanced")

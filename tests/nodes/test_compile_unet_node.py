@@ -6,7 +6,8 @@ import torch
 import kiln
 import kiln.loaded
 import kiln.nodes
-from kiln.compiler import OptionsError, compat
+from kiln.compiler import OptionsError
+from kiln.compiler.torch_compat import versions
 from kiln.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 from kiln.nodes.compile_unet import KilnCompileUNet
 
@@ -34,7 +35,7 @@ def test_node_is_registered_with_its_display_name():
 
 
 def test_old_torch_passes_the_model_through_and_says_why(monkeypatch, caplog):
-    monkeypatch.setattr(compat, "torch_version", lambda: (2, 3))
+    monkeypatch.setattr(versions, "torch_version", lambda: (2, 3))
     model = FakePatcher()
     out, report = KilnCompileUNet().compile(model)
     assert out is model

@@ -6,7 +6,7 @@ import os
 import torch
 
 import kiln
-from kiln.compiler import compat
+from kiln.compiler.torch_compat import inductor
 from kiln.compiler.passes import PASSES, passes_uuid
 from kiln.compiler.passes.base import hash_files
 
@@ -45,7 +45,7 @@ def test_inductor_lowering_puts_the_pipeline_id_into_the_cache_key(monkeypatch):
         tags.append(tag)
         return contextlib.nullcontext()
 
-    monkeypatch.setattr(compat, "cache_key_tag", recording_tag)
+    monkeypatch.setattr(inductor, "cache_key_tag", recording_tag)
     module = torch.nn.Linear(4, 4)
     compiled = kiln.compile(module, mode="balanced")
     x = torch.randn(3, 4)

@@ -1,0 +1,63 @@
+"""What a host application passes a model and its blocks, as far as the compiler must know it.
+
+The compiler knows no host's keys. A host that passes its blocks more than tensors (ComfyUI gives
+each block a `transformer_options` dict that says where the block sits and which patches it calls;
+nodes/block_inputs.py) describes that with a `HostInputs` and registers it (`use_host_inputs`). The
+compiler asks it three things:
+
+- where a block's argument says where the block sits (`carries_position`), so that identical blocks
+  can share one compiled code: the block is given a copy with a neutral position
+  (`without_position`), and what it writes into that copy goes back into the original
+  (`write_back`), unless the argument also holds patches the block calls with its position
+  (`calls_position_patches`: a patch may depend on the position, or keep state);
+- which tensor in a model's argument is a sampler's schedule (`schedule_in`), whose length is the
+  step count and must stay dynamic.
+
+The default answers "nothing": a plain PyTorch model's blocks get only tensors.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+
+class HostInputs:
+    """A host's conventions for what it passes a model and its blocks. This base class is the plain
+    PyTorch caller's: no argument carries a position, no schedule is passed."""
+
+    name = "plain PyTorch"
+
+    def carries_position(self, value: Any) -> bool:
+        """`value` (one argument of a block call) says where the block sits in the model."""
+        return False
+
+    def calls_position_patches(self, value: Any) -> bool:
+        """`value` (an argument that carries a position) holds patches the block calls with its position."""
+        return False
+
+    def without_position(self, value: dict) -> dict:
+        """A copy of `value` in which every block of a region sees the same position."""
+        return value
+
+    def write_back(self, original: dict, copy: dict, given: dict) -> None:
+        """After the call: what the block wrote into `copy` (made from `original`, given to the block
+        as `given`) that belongs in `original`."""
+
+    def schedule_in(self, value: Any) -> Optional[torch.Tensor]:
+        """A sampler's whole schedule inside `value` (one argument of a model call), if it holds one."""
+        return None
+
+
+_host = HostInputs()
+
+
+def use_host_inputs(host: HostInputs) -> None:
+    """From now on the compiler reads block and model arguments by `host`'s conventions (a process runs
+    in one host: the last registered wins)."""
+    global _host
+    _host = host
+
+
+def host_inputs() -> HostInputs:
+    return _host
