@@ -1,5 +1,5 @@
-"""Every named choice a Kiln user makes, each written once with what it means: the compile modes,
-the cache modes, the quantization schemes and the step cache methods.
+"""Every named choice a Kiln user makes, each written once with what it means: the compile modes and
+units, the cache modes, the quantization schemes and the step cache methods.
 
 Standard library only, so ComfyUI's nodes offer the same choices (and tooltips) even when the
 compiler cannot load. The compiler builds its tables on these names (compiler/backend/lowering.py,
@@ -15,6 +15,13 @@ COMPILE_MODES = {
     "max": "longest compile, most speed: Kiln's passes, then Inductor with max-autotune",
 }
 DEFAULT_MODE = "balanced"
+
+# compile unit -> what it means: how a model is cut into compiled code (compiler/regional/blocks.py)
+COMPILE_UNITS = {
+    "auto": "blocks when the model repeats blocks, else whole",
+    "blocks": "compile each distinct block once; identical blocks share its code (fastest first compile)",
+    "whole": "the whole model as one graph (slowest first compile; every op in one graph)",
+}
 
 # cache mode -> what it means (compiler/cache/options.py)
 CACHE_MODES = {

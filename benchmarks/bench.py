@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..compiler.regional.blocks import COMPILE_UNITS
+from ..choices import COMPILE_UNITS
 from ..testing.models import MODELS, SIZES
 from .side_by_side import (DTYPES, default_size_and_dtype, own_code, print_and_save, sync, time_interleaved,
                            warm_up_compiler)

@@ -4,7 +4,7 @@ from .cache import (CACHE_MODES, CacheEntryError, CacheError, CacheLocationError
                     CacheStore, CacheTrustError, cache_problem, default_cache_dir, describe_cache, server_cache_dir)
 from .host_inputs import HostInputs, host_inputs, use_host_inputs
 from .method import MethodModule, label_of, method_module
-from .backend.lowering import LOWERINGS, MODES, Lowering
+from .options.modes import LOWERINGS, MODES, Lowering
 from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailable_reason
 from .options.compile_options import CompileOptions, OptionsError, parse_expert_options
 from .passes import PASS_NAMES

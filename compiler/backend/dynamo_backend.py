@@ -16,6 +16,7 @@ from .. import cpu
 from ..torch_compat import dynamo, fx_graphs
 from ..cache import entry_fields, graph_hash
 from .context import CompileUnit, ModelContext
+from . import lowering as lowerings
 from .lowering import LoweringFailed
 from ..options.compile_options import CompileOptions
 from ..passes import PASSES, PassContext, Progress, passes_uuid, run_passes
@@ -221,12 +222,12 @@ class KilnBackend:
         def lower(graph_module, args, label):
             cpu.before_lowering(device)  # before Kiln's cache points Inductor at a private folder
             if not self._caching():
-                return lowering.lower(graph_module, args, self.options, device, cache_tag)
+                return lowerings.lower_graph(lowering, graph_module, args, self.options, device, cache_tag)
             options = lowering_options(self.options)
             fields = entry_fields(graph, args, options, self.options.shapes.as_dict(), device,
                                   f"{self._label()} {label}")
             compiled, name, event = self.context.cache.lower(
-                lambda: lowering.lower(graph_module, args, self.options, device, cache_tag), fields)
+                lambda: lowerings.lower_graph(lowering, graph_module, args, self.options, device, cache_tag), fields)
             self.stats.cache.append(event)
             return compiled, name + (" (from Kiln's cache)" if event.outcome == "hit" else "")
 

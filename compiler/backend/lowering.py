@@ -1,51 +1,40 @@
-"""How a rewritten FX graph becomes callable: one `Lowering` per mode, described once.
-
-Everything that depends on the mode asks its Lowering (does it use Inductor? can it lower a
-graph again with static sizes?) instead of comparing mode strings.
+"""How a rewritten FX graph becomes callable, as its mode's `Lowering` (compiler/options/modes.py) says:
+run as captured (mode fast; with CUDA graphs, one recording per shape signature), or lowered by
+Inductor (balanced; max with the max-autotune preset).
 """
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple
 
 import torch
 
-from ...choices import COMPILE_MODES
 from .. import cpu
 from ..torch_compat import cuda_graph_trees, dynamo, fx_graphs, inductor
+from ..options.modes import Lowering
 from ..shapes.inputs import activation_indices, shapes_key
 
 log = logging.getLogger("kiln")
 
 
-@dataclass(frozen=True)
-class Lowering:
-    mode: str               # a name of choices.COMPILE_MODES, which says what it means
-    uses_inductor: bool     # Inductor generates the code (so `inductor` options apply, and it fuses neighbours itself)
-    can_specialise: bool    # the shape manager may lower the captured graph again with static sizes
-    inductor_preset: Optional[str] = None  # torch.compile(mode=...) settings applied on top, e.g. max-autotune
-
-    @property
-    def description(self) -> str:
-        return COMPILE_MODES[self.mode]
-
-    def lower(self, gm, example_inputs, options, device: str, cache_tag: str = ""):
-        """(callable, name): the graph lowered for `device` with `options` (a CompileOptions).
-        `cache_tag` goes into Inductor's FX graph cache key (Kiln's pass and kernel sources)."""
-        cuda_graphs = bool(options.cuda_graphs and device == "cuda")
-        if not self.uses_inductor:
-            if cuda_graphs:
-                return CudaGraphsPerShape(gm), "fx + cudagraphs"
-            return gm.forward, "fx"
-        config = inductor.inductor_mode_options(self.inductor_preset) if self.inductor_preset else {}
-        config["triton.cudagraphs"] = cuda_graphs
-        config.update(options.inductor)
-        with inductor.inductor_config_patch(config), inductor.cache_key_tag(cache_tag):
-            compiled = (cpu.inductor_compile(device) or dynamo.lookup_backend("inductor"))(gm, example_inputs)
-        name = "inductor" + (f" {self.inductor_preset}" if self.inductor_preset else "") + (" + cudagraphs" if cuda_graphs else "")
-        return compiled, name
+def lower_graph(lowering: Lowering, gm, example_inputs, options, device: str, cache_tag: str = ""):
+    """(callable, name): the graph lowered for `device` with `options` (a CompileOptions), as its mode's
+    `lowering` says (compiler/options/modes.py). `cache_tag` goes into Inductor's FX graph cache key
+    (Kiln's pass and kernel sources)."""
+    cuda_graphs = bool(options.cuda_graphs and device == "cuda")
+    if not lowering.uses_inductor:
+        if cuda_graphs:
+            return CudaGraphsPerShape(gm), "fx + cudagraphs"
+        return gm.forward, "fx"
+    preset = lowering.inductor_preset
+    config = inductor.inductor_mode_options(preset) if preset else {}
+    config["triton.cudagraphs"] = cuda_graphs
+    config.update(options.inductor)
+    with inductor.inductor_config_patch(config), inductor.cache_key_tag(cache_tag):
+        compiled = (cpu.inductor_compile(device) or dynamo.lookup_backend("inductor"))(gm, example_inputs)
+    name = "inductor" + (f" {preset}" if preset else "") + (" + cudagraphs" if cuda_graphs else "")
+    return compiled, name
 
 
 class LoweringFailed(RuntimeError):
@@ -125,12 +114,3 @@ def graph_for_signature(gm: torch.fx.GraphModule, args, keyed: list[int]) -> tup
         sized.graph.erase_node(node)
     sized.recompile()
     return sized, takes
-
-
-LOWERINGS: dict[str, Lowering] = {lowering.mode: lowering for lowering in (
-    Lowering("fast", uses_inductor=False, can_specialise=False),
-    Lowering("balanced", uses_inductor=True, can_specialise=True),
-    Lowering("max", uses_inductor=True, can_specialise=True, inductor_preset="max-autotune-no-cudagraphs"),
-)}
-assert tuple(LOWERINGS) == tuple(COMPILE_MODES), "one Lowering per compile mode of choices.py, in its order"
-MODES = tuple(LOWERINGS)

@@ -10,9 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from ..regional.blocks import COMPILE_UNITS
+from ...choices import COMPILE_UNITS
 from .inductor_settings import setting_problem
-from ..backend.lowering import LOWERINGS, MODES, Lowering
+from .modes import LOWERINGS, MODES, Lowering
 from .option_text import parse_mapping_text, shorten
 from .shape_policy import ShapePolicy, ShapePolicyError
 
@@ -46,7 +46,7 @@ class CompileOptions:
         Compiled whole, pinned shapes get theirs ahead, with the first compile, and with pins auto
         compiles whole; by blocks (auto with specialize alone, or blocks) each region's graph gets
         static variants for a pinned or bucket shape when the model first runs at it.
-    compile_unit: "auto" | "blocks" | "whole" (COMPILE_UNITS, compiler/regional/blocks.py): compile each
+    compile_unit: "auto" | "blocks" | "whole" (choices.COMPILE_UNITS; compiler/regional/blocks.py): compile each
         distinct block once and share it between identical blocks, or the whole model as one graph.
     measure_regions: by blocks, time each region's first call compiled and eagerly and keep the
         faster, leave a block class uncompiled once its first regions gained under 10%, and on a
@@ -113,7 +113,7 @@ class CompileOptions:
 
     @property
     def lowering(self) -> Lowering:
-        """How this mode lowers the rewritten graph (compiler/backend/lowering.py)."""
+        """What this mode's lowering is allowed and does (compiler/options/modes.py)."""
         return LOWERINGS[self.mode]
 
     def switch(self, pass_name: str) -> str:

@@ -31,13 +31,6 @@ from typing import Optional
 
 import torch
 
-# How a model is cut into compiled code: one source for CompileOptions, the node's advanced YAML and the docs
-COMPILE_UNITS = {
-    "auto": "blocks when the model repeats blocks, else whole",
-    "blocks": "compile each distinct block once; identical blocks share its code (fastest first compile)",
-    "whole": "the whole model as one graph (slowest first compile; every op in one graph)",
-}
-
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
 _NOT_LAYERS = (torch.nn.Module, torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
 _PLAIN = (int, float, bool, str, type(None))

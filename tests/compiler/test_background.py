@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.compiler import CompileOptions, Lowering, OptionsError, parse_expert_options
+from kiln.compiler import CompileOptions, OptionsError, parse_expert_options
+from kiln.compiler.backend import lowering as lowering_module
 from kiln.compiler.regional import region_choice
 from kiln.compiler.regional.background import NICENESS, LoweringThread
 from kiln.compiler.regional.region_choice import RegionTiming, fresh_copies
@@ -219,14 +220,14 @@ def test_the_thread_lowers_under_the_settings_a_foreground_lowering_has_and_leav
 
     from kiln.compiler.torch_compat import dynamo
 
-    real, seen = Lowering.lower, []
+    real, seen = lowering_module.lower_graph, []
 
     def lower(self, *args, **kwargs):
         seen.append((threading.current_thread() is threading.main_thread(), fx_config.use_duck_shape,
                      dynamo_config.fake_tensor_cache_enabled, dynamo.recompile_limit()))
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Lowering, "lower", lower)
+    monkeypatch.setattr(lowering_module, "lower_graph", lower)
     before = (fx_config.use_duck_shape, dynamo_config.fake_tensor_cache_enabled, dynamo.recompile_limit())
     foreground = kiln.compile(_net(), options=CompileOptions(mode="balanced", measure_regions=False))
     with torch.no_grad():

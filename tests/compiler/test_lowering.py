@@ -11,6 +11,7 @@ import torch._inductor.config as inductor_config
 from kiln import CompileOptions
 from kiln.compiler.torch_compat import dynamo, fx_graphs
 from kiln.compiler.backend import lowering
+from kiln.compiler.options.modes import LOWERINGS
 from kiln.compiler.backend.context import ModelContext
 
 
@@ -172,10 +173,10 @@ def test_fast_mode_lowers_to_the_per_signature_recorder_only_with_cuda_graphs_on
     from kiln.compiler.options.compile_options import CompileOptions
 
     gm = _graph()
-    fast = lowering.LOWERINGS["fast"]
-    lowered, name = fast.lower(gm, [torch.ones(2, 3), 1], CompileOptions(mode="fast", cuda_graphs=True), "cuda")
+    fast = LOWERINGS["fast"]
+    lowered, name = lowering.lower_graph(fast, gm, [torch.ones(2, 3), 1], CompileOptions(mode="fast", cuda_graphs=True), "cuda")
     assert isinstance(lowered, lowering.CudaGraphsPerShape) and name == "fx + cudagraphs"
-    lowered, name = fast.lower(gm, [torch.ones(2, 3), 1], CompileOptions(mode="fast", cuda_graphs=True), "cpu")
+    lowered, name = lowering.lower_graph(fast, gm, [torch.ones(2, 3), 1], CompileOptions(mode="fast", cuda_graphs=True), "cpu")
     assert name == "fx" and lowered(torch.ones(2, 3), 1) == 13
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.compiler import KilnPlan, Lowering, build_options, model_for
+from kiln.compiler import KilnPlan, build_options, model_for
+from kiln.compiler.backend import lowering as lowering_module
 from testing_utils import rel_err
 
 
@@ -28,7 +29,7 @@ def test_a_failed_compile_runs_eagerly_for_python_callers_too(monkeypatch, caplo
     def broken(self, *args, **kwargs):
         raise RuntimeError("lowering exploded")
 
-    monkeypatch.setattr(Lowering, "lower", broken)
+    monkeypatch.setattr(lowering_module, "lower_graph", broken)
     module = Small()
     compiled = kiln.compile(module, mode="fast")
     x = torch.randn(3, 32)

@@ -7,7 +7,8 @@ import torch._dynamo.config as dynamo_config
 import torch.fx.experimental._config as fx_config
 
 import kiln
-from kiln.compiler import CompileOptions, Lowering, OptionsError
+from kiln.compiler import CompileOptions, OptionsError
+from kiln.compiler.backend import lowering as lowering_module
 from kiln.compiler.torch_compat import dynamo
 from testing_utils import Block, fail_lowering_of_width, fake_caches_of, rel_err, two_region_net
 
@@ -194,13 +195,13 @@ def test_progress_counts_regions_done():
 @pytest.mark.parametrize("dynamic", [None, False])
 def test_symbolic_captures_run_without_the_fake_dispatch_cache_static_ones_with_it(monkeypatch, unit, dynamic):
     before = dynamo_config.fake_tensor_cache_enabled
-    real, seen = Lowering.lower, set()
+    real, seen = lowering_module.lower_graph, set()
 
     def lower(self, gm, example_inputs, *args, **kwargs):
         seen.update(fake_caches_of(gm, example_inputs))
         return real(self, gm, example_inputs, *args, **kwargs)
 
-    monkeypatch.setattr(Lowering, "lower", lower)
+    monkeypatch.setattr(lowering_module, "lower_graph", lower)
     module, x = _net(), torch.randn(2, 8, 3, 5)
     with torch.no_grad():
         assert rel_err(_compile(module, mode="fast", compile_unit=unit, dynamic=dynamic)(x), module(x)) < 1e-6
@@ -507,7 +508,7 @@ def test_when_the_regions_with_something_to_fuse_all_fail_the_model_says_it_runs
     def broken_lowering(*args, **kwargs):
         raise RuntimeError("lowering exploded")
 
-    monkeypatch.setattr(Lowering, "lower", broken_lowering)
+    monkeypatch.setattr(lowering_module, "lower_graph", broken_lowering)
     module, x = ConvNet().eval(), torch.randn(2, 4, 8, 8)
     compiled = _compile(module, mode="balanced")
     with torch.no_grad():

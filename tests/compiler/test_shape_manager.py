@@ -5,7 +5,8 @@ import torch.nn.functional as F
 
 import kiln
 from kiln.testing.models import MODELS
-from kiln.compiler import Lowering, build_options
+from kiln.compiler import build_options
+from kiln.compiler.backend import lowering as lowering_module
 from testing_utils import rel_err
 
 
@@ -108,7 +109,7 @@ def test_a_static_variant_never_runs_another_layout():
 
 
 def test_a_failed_specialisation_is_reported_and_the_dynamic_graph_serves(monkeypatch):
-    lower = Lowering.lower
+    lower = lowering_module.lower_graph
     calls = []
 
     def fails_when_static(self, gm, example_inputs, options, device, cache_tag=""):
@@ -117,7 +118,7 @@ def test_a_failed_specialisation_is_reported_and_the_dynamic_graph_serves(monkey
             raise RuntimeError("no static kernels today")
         return lower(self, gm, example_inputs, options, device, cache_tag)
 
-    monkeypatch.setattr(Lowering, "lower", fails_when_static)
+    monkeypatch.setattr(lowering_module, "lower_graph", fails_when_static)
     options = build_options("balanced", advanced="shapes: {specialize: buckets, buckets: [[80, 80]]}").compile
     module = UNetLike()
     compiled = kiln.compile(module, options=options)

@@ -12,6 +12,7 @@ import torch
 from kiln import CompileOptions
 from kiln.compiler import cpu
 from kiln.compiler.backend import lowering
+from kiln.compiler.options.modes import LOWERINGS
 from kiln.compiler.torch_compat import inductor
 
 
@@ -81,8 +82,8 @@ def test_a_kiln_lowering_probes_in_inductors_own_folder_before_kilns_cache_point
     monkeypatch.setattr(inductor, "detect_cpu_vector_isa", lambda in_parallel=False: where.append(cache_dir()))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-own"))
     lowered_in = []
-    real = lowering.Lowering.lower
-    monkeypatch.setattr(lowering.Lowering, "lower",
+    real = lowering.lower_graph
+    monkeypatch.setattr(lowering, "lower_graph",
                         lambda self, *args, **kwargs: lowered_in.append(cache_dir()) or real(self, *args, **kwargs))
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
     with torch.no_grad():
@@ -125,11 +126,11 @@ def test_a_cpu_graph_is_lowered_by_inductors_compile_without_starting_its_triton
     monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: started.append(1))
     monkeypatch.setattr(inductor_compile, "compile_fx", lambda gm, args: lowered.append(gm) or gm.forward)
     monkeypatch.setattr(inductor, "cpu_vector_isa_detected", lambda: True)
-    balanced = lowering.LOWERINGS["balanced"]
+    balanced = LOWERINGS["balanced"]
     gm = _graph()
-    compiled, name = balanced.lower(gm, [torch.ones(2, 3), 1], CompileOptions(), "cpu")
+    compiled, name = lowering.lower_graph(balanced, gm, [torch.ones(2, 3), 1], CompileOptions(), "cpu")
     assert lowered == [gm] and started == [] and name == "inductor" and compiled(torch.ones(2, 3), 1) == 13
-    balanced.lower(gm, [torch.ones(2, 3), 1], CompileOptions(), "cuda")
+    lowering.lower_graph(balanced, gm, [torch.ones(2, 3), 1], CompileOptions(), "cuda")
     assert lowered == [gm, gm] and started == [1]  # the registered backend: its workers, then the same compile
 
 
@@ -139,6 +140,7 @@ from torch._inductor.async_compile import AsyncCompile
 from kiln import CompileOptions
 from kiln.compiler.torch_compat import dynamo
 from kiln.compiler.backend import lowering
+from kiln.compiler.options.modes import LOWERINGS
 
 def children():
     found = []
@@ -150,7 +152,7 @@ def children():
 def graph():
     return torch.fx.symbolic_trace(lambda x: torch.relu(x) * 2)
 
-compiled, _ = lowering.LOWERINGS["balanced"].lower(graph(), [torch.ones(4)], CompileOptions(), "cpu")
+compiled, _ = lowering.lower_graph(LOWERINGS["balanced"], graph(), [torch.ones(4)], CompileOptions(), "cpu")
 assert torch.equal(compiled(torch.ones(4)), torch.full((4,), 2.0))
 print("kiln", AsyncCompile.process_pool.cache_info().currsize, children())
 dynamo.lookup_backend("inductor")(graph(), [torch.ones(4)])
