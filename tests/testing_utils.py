@@ -39,7 +39,7 @@ class Block(torch.nn.Module):
 
 class TwoRegionNet(torch.nn.Module):
     """Six identical blocks, then two of another width: two regions, Block#1 called first (the tests of
-    compiling by blocks, tests/compiler/test_regional.py and test_background.py)."""
+    compiling by blocks, tests/regional/test_regional_compile.py and test_background.py)."""
 
     def __init__(self):
         super().__init__()

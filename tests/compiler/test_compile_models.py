@@ -39,7 +39,7 @@ def test_sd15_by_blocks_lowers_every_pass():
     spec = MODELS["sd15"]
     unet = spec.build("tiny")
     args, kwargs = spec.inputs(unet, batch=2)
-    # every region lowered, whatever it measures (tests/compiler/test_region_choice.py: which stay compiled)
+    # every region lowered, whatever it measures (tests/regional/test_region_choice.py: which stay compiled)
     compiled = kiln.compile(unet, options=kiln.CompileOptions(mode="balanced", passes=ALL_ON, compile_unit="blocks",
                                                               measure_regions=False))
     with torch.no_grad():

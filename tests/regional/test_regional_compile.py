@@ -22,7 +22,7 @@ _net = two_region_net
 
 def _compile(module, mode="fast", progress=None, cache_dir=None, **options):
     """These tests run blocks through compiled regions: every region with something to fuse stays
-    compiled, whatever it measures (the measured choice: tests/compiler/test_region_choice.py)."""
+    compiled, whatever it measures (the measured choice: tests/regional/test_region_choice.py)."""
     return kiln.compile(module, options=CompileOptions(mode=mode, measure_regions=False, **options), progress=progress,
                         cache_dir=cache_dir)
 
