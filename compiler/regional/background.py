@@ -30,10 +30,8 @@ still queued (said in the log): the thread is a daemon, and one ended midway ins
 at the interpreter's exit aborts the process ("terminate called without an active exception").
 
 The thread runs at a lower CPU priority than the model's (NICENESS, on Linux), as do the compiler
-runs it starts: on a 2-core CPU at the same priority the steps taken while a region lowered ran
-several times slower than eager; at nice 10 they ran within about twice eager's time, and the
-regions were decided within a minute of eight-step prompts ten seconds apart (docs/compile-units.md
-has the numbers).
+runs it starts: the host's cores are the model's first, on any device
+(docs/measurements/2026-11-28-cpu-background.md has the numbers behind NICENESS).
 """
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ block region whose graph is one of these runs eagerly instead (compiler/regional
 With Kiln's cache on, the verdict is kept as a small record (`IdleRecord`) under the region's choice
 key (compiler/cache/key.py `choice_fields`: the block's signature, its inputs' shapes, the lowering
 options, the environment, Kiln's version), so a later start runs the region eagerly without capturing
-it again: on a 2-core CPU, SD1.5's five Down/Upsample regions took about a second of a 9.4 s warm start.
-A stale record can only cost a fusion, never a wrong result: the block runs as it is.
+it again. A stale record can only cost a fusion, never a wrong result: the block runs as it is.
 """
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ class ClassVerdicts:
         if not together.gains(CLASS_MIN_GAIN):
             return (f"not compiled: the first {PREDICT_AFTER} regions of its class ({names}) gained less than "
                     f"{CLASS_MIN_GAIN:.0%} compiled together ({together.line()})")
-        for region, timing in first:  # one timing far off (seen on a CPU: 3.17x, then 1.02x) must not carry a class
+        for region, timing in first:  # one timing far off must not carry a class
             if not timing.compiled_pays:
                 return (f"not compiled: {region}, of the first {PREDICT_AFTER} regions of its class ({names}), "
                         f"measured no faster compiled ({timing.line()})")
@@ -210,8 +210,7 @@ def time_both(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, di
     the GPU still runs the blocks before it, so a call costs the longer of its host time and its GPU
     time, not the two added. Timed one call at a time, a compiled block that does less GPU work but
     takes longer to issue measures faster than eager and makes a step that waits on the host slower
-    (seen on an H200: SDXL's transformer blocks measured 1.17-1.25x faster compiled that way, and the
-    step with them compiled ran at 0.82x eager's)."""
+    (docs/measurements/2026-11-27-gpu-h200.md)."""
     samples: dict[str, list[float]] = {"compiled": [], "eager": []}
     calls = {"compiled": compiled, "eager": eager}
     size = input_bytes(args, kwargs)

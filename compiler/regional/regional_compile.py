@@ -508,7 +508,7 @@ class RegionalCompile:
 
     def every_region_eager(self) -> bool:
         """Every region runs its blocks eagerly (by choice, or after its compile failed): the model's
-        calls need no routing, and skip its cost (about 0.1 ms a call on a CPU). Neither is ever undone,
+        calls need no routing, and skip its cost. Neither is ever undone,
         so once true it stays true; a region not called yet is not decided, so a block that runs only
         at another size or with a ControlNet keeps the routing."""
         if not self._every_region_eager:

@@ -165,12 +165,9 @@ def no_fake_dispatch_cache(symbolic_sizes: bool = True):
     its sizes are symbolic (`symbolic_sizes`: Kiln marks them dynamic, or `dynamic=True`); else none
     (`torch._dynamo.config.fake_tensor_cache_enabled`, read when TorchDynamo makes a frame's fake
     modes; checked: torch 2.13, 2.14; older releases have the setting too, and one without it is
-    left as is). With symbolic sizes a key hashes sympy expressions and a block's trace rarely
-    repeats an op: a SD1.5 transformer block at CPU size captured in 0.63 s instead of 0.86 s
-    (medians of five, one process), while AOTAutograd's trace after it, which repeats TorchDynamo's
-    ops, took 1.04 s instead of 0.91 s; a warm start loads that trace from AOTAutograd's cache.
-    With static sizes the cache pays: the whole SD1.5 UNet captured in 7.3 s with it, 11.2 s
-    without (docs/compile-units.md)."""
+    left as is). The rule: with symbolic sizes a key hashes sympy expressions and a block's trace
+    rarely repeats an op, so the cache costs more than it saves; with static sizes it pays
+    (docs/measurements/2026-11-27-cpu-fake-dispatch-cache.md)."""
     import torch._dynamo.config as dynamo_config
 
     if not symbolic_sizes or not hasattr(dynamo_config, "fake_tensor_cache_enabled"):
