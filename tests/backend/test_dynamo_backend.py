@@ -30,7 +30,7 @@ def test_a_graph_break_is_named_with_its_place_and_logged_once(caplog):
             assert rel_err(compiled(x, torch.tensor(sigma)), module(x, torch.tensor(sigma))) < 1e-6
     info = kiln.stats(compiled)
     (where, graphs), = info.graph_breaks.items()
-    assert "test_backend.py" in where and "in forward: Unsupported Tensor.item()" in where and graphs == 1
+    assert "test_dynamo_backend.py" in where and "in forward: Unsupported Tensor.item()" in where and graphs == 1
     assert info.compiles[0].graph_breaks == [where] and info.compile_count >= 2
     assert f"graph break at {where}" in info.summary() and "ends at graph break" in info.compiles[0].line()
     assert caplog.text.count("TorchDynamo breaks the graph at") == 1
