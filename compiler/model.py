@@ -149,7 +149,7 @@ class KilnModel(torch.nn.Module):
             mark_batch_and_resolution_dynamic(args, kwargs)
         backend = self._backend
         backend.progress = self.progress
-        with dynamo.no_fake_dispatch_cache(self.plan.compile.symbolic_sizes):  # a faster capture (compat's note)
+        with dynamo.no_fake_dispatch_cache(self.plan.compile.symbolic_sizes):  # a faster capture (its docstring says when)
             return backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs),
                                self._fall_back)
 

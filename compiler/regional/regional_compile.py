@@ -114,7 +114,6 @@ class CompiledRegion:
                  verdicts: region_choice.ClassVerdicts, background: Optional["Background"] = None):
         self.region = region
         self.verdicts = verdicts  # what this model's regions measured, per block class
-        self.context = context
         self.stats = context.stats
         self.label = context.label
         self.options = context.options
