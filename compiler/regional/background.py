@@ -149,10 +149,23 @@ _exit_hook_registered = False
 
 def _register_for_exit(thread: "LoweringThread") -> None:
     """Have `thread` stopped at the interpreter's exit (LoweringThread.stop_at_exit); the hook that does
-    it is registered once a process, when the first thread starts."""
+    it is registered once a process, when the first thread starts.
+
+    It is registered where `concurrent.futures` registers its own shutdown (`threading._register_atexit`;
+    checked: CPython 3.10 - 3.13), after it (this module imports concurrent.futures first), so that it
+    runs before it: those hooks run in reverse order, before `atexit`'s. Registered with `atexit`, the
+    wait came after concurrent.futures had shut its pools down, and a lowering under way that still
+    had kernels to build failed with "cannot schedule new futures after interpreter shutdown" (seen on
+    a machine whose Inductor cache was empty). Where the hook cannot be had, `atexit` is used."""
     global _exit_hook_registered
     if not _exit_hook_registered:
-        atexit.register(_stop_all_at_exit)
+        register = getattr(threading, "_register_atexit", None)
+        try:
+            if register is None:
+                raise RuntimeError("this Python has no threading._register_atexit")
+            register(_stop_all_at_exit)
+        except RuntimeError:  # none, or the interpreter has begun to exit
+            atexit.register(_stop_all_at_exit)
         _exit_hook_registered = True
     _threads_at_exit.add(thread)
 

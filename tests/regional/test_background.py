@@ -404,11 +404,15 @@ while thread.lowering != "Block#1":  # exit while it lowers
 
 
 @pytest.mark.slow
-def test_a_model_lowering_in_the_background_at_the_process_s_exit_does_not_abort_it():
+def test_a_model_lowering_in_the_background_at_the_process_s_exit_does_not_abort_it(tmp_path):
+    """In an empty Inductor cache, as on a machine's first compile: the lowering the exit waits for still
+    builds kernels, which it could not once concurrent.futures had shut down before the wait."""
     import subprocess
 
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", MODEL_EXITING, tests], capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    done = subprocess.run([sys.executable, "-c", MODEL_EXITING, tests], capture_output=True, text=True, timeout=600,
+                          env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert ("the process exits once the background lowering of Block#1 ends (1 queued lowering(s) dropped: "
             "Block#2)") in done.stderr
