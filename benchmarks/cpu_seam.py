@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+from .side_by_side import print_and_save
+
 # variant -> what is turned off in the child before it runs (nothing for "as shipped")
 VARIANTS = {
     "as shipped": "",
@@ -111,11 +113,7 @@ def main(argv=None) -> int:
     if args.variants and "as shipped" not in args.variants:
         args.variants.insert(0, "as shipped")
     result = run_cpu_seam(args, log=lambda msg: print(msg, file=sys.stderr, flush=True))
-    table = format_table(result)
-    print(table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    print_and_save(format_table(result), result, args.json)
     return 0
 
 
