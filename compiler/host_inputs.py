@@ -26,8 +26,6 @@ class HostInputs:
     """A host's conventions for what it passes a model and its blocks. This base class is the plain
     PyTorch caller's: no argument carries a position, no schedule is passed."""
 
-    name = "plain PyTorch"
-
     def carries_position(self, value: Any) -> bool:
         """`value` (one argument of a block call) says where the block sits in the model."""
         return False

@@ -35,8 +35,6 @@ _HostInputs = compiler.HostInputs if compiler is not None else object
 class ComfyBlockInputs(_HostInputs):
     """ComfyUI's transformer_options, read as compiler/host_inputs.py asks."""
 
-    name = "ComfyUI"
-
     def carries_position(self, value: Any) -> bool:
         return isinstance(value, dict) and "block" in value
 

@@ -128,7 +128,7 @@ class CudaGraphBudget:
         return True
 
     def run(self, record, fn, args):
-        if self._scope is None:  # this torch has no capture-size gate: unbounded (warned in compat)
+        if self._scope is None:  # this torch has no capture-size gate: unbounded (warned by torch_compat.cuda_graph_trees)
             return fn(*args)
         self._current, self._asked = record, False
         try:
