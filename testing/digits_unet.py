@@ -16,6 +16,7 @@ sampling loop the step cache is measured in. Needs scikit-learn (the `dev` extra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 from .models import MODELS
 
@@ -124,6 +130,27 @@ def load_or_train(cache_dir: Optional[Path] = None, progress: Optional[Callable[
     """The trained model from the cache, trained and stored there first if missing; `progress(step, loss)`
     every 100 steps of that (default: a log line)."""
     path = cache_path(cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _training_lock(path):  # a second process waits for the first's model instead of training its own
+        return _load_or_train_locked(path, progress)
+
+
+@contextlib.contextmanager
+def _training_lock(path: Path):
+    """Hold an exclusive flock on `<model>.lock` beside the model (none where there is no flock, as on
+    Windows: there two processes may each train, and each writes its own temporary file)."""
+    if fcntl is None:
+        yield
+        return
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _load_or_train_locked(path: Path, progress: Optional[Callable[[int, float], None]]) -> DigitsDenoiser:
     model = DigitsDenoiser()
     if path.exists():
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
@@ -131,7 +158,6 @@ def load_or_train(cache_dir: Optional[Path] = None, progress: Optional[Callable[
     log.info("Kiln: training the tiny digits denoiser once (a few CPU minutes) into %s", path)
     model, report = train(progress=progress or (lambda step, loss: log.info("Kiln: digits denoiser step %d, loss %.4f",
                                                                             step, loss)))
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two processes training at once each write their own
     torch.save(model.state_dict(), tmp)
     tmp.replace(path)
