@@ -35,6 +35,7 @@ from .backend.context import CompileUnit, ModelContext
 from .backend.dynamo_backend import KilnBackend
 from .regional.blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
+from .graphs.for_model import graphs_for_model
 from .shapes.cuda_graph_budget import CudaGraphBudget
 from .method import label_of
 from .passes import Progress
@@ -103,6 +104,8 @@ class KilnModel(torch.nn.Module):
         self._regions: Optional[RegionalCompile] = None  # compiled by blocks: the regions, made on the first call
         # with cuda_graphs on, what bounds the recordings: the model's input shapes (compiler/shapes/cuda_graph_budget.py)
         self._cuda_graphs: Optional[CudaGraphBudget] = None
+        # with cuda_graphs auto on a CUDA device: the whole call recorded and replayed (compiler/graphs)
+        self._whole_call = None
 
     @property
     def original(self) -> torch.nn.Module:
@@ -132,6 +135,8 @@ class KilnModel(torch.nn.Module):
     def _call(self, compiled, module, args, kwargs):
         if compiled is None:
             return module(*args, **kwargs)
+        if self._whole_call is not None:
+            return self._whole_call(lambda a, k: self._run(compiled, module, a, k), args, kwargs)
         if self._cuda_graphs is not None:
             with self._cuda_graphs.for_call(input_shapes(args, kwargs)):
                 return self._cuda_graphs.owned(self._run(compiled, module, args, kwargs))
@@ -190,8 +195,14 @@ class KilnModel(torch.nn.Module):
             note = "background: the model compiles whole (above), as one graph that its first call waits for"
             log.warning("Kiln: %s %s", label, note)
             self.stats.warnings.append(note)
+        device = str(next(module.parameters(), torch.empty(0)).device)
+        if options.whole_call_graphs(device):
+            self._whole_call = graphs_for_model(module, options, self.stats, label, device,
+                                                lambda: self._regions.waiting_regions() if self._regions else [])
         if regions:
             self._regions = RegionalCompile(regions, context)
+            if self._whole_call is not None:
+                self._regions.use_fidelity_guard(self._whole_call.guard)
             log.info("Kiln: %s compiles by blocks: %s", label, self.stats.units_line())
             return self._regions
         # not the model class's forward, shared by every model of the class (the 9th would run eagerly)

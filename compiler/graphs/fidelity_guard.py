@@ -141,5 +141,31 @@ class FidelityGuard:
                 f"{self.extra_calls} extra call(s){what}")
 
 
-__all__ = ["FidelityGuard", "Comparison", "Check", "compare", "tolerance_for", "tf32_in_use", "TOLERANCES",
+def check_region(guard: FidelityGuard, region: str, args: tuple, kwargs: dict, output: Any,
+                 eager: Callable[[], Any], device: str) -> tuple[str, Any]:
+    """A region's compiled call checked against its block run eagerly on the same inputs, once per
+    input signature (each tensor's shape and dtype). ("", output) when it passes or was checked
+    before; (why, eager's output) when it fails: the region then runs eagerly, with `why` as the reason."""
+    signature = tuple((tuple(t.shape), t.dtype) for t in _input_tensors(args, kwargs))
+    reference: list = []
+
+    def run_eagerly():
+        reference.append(eager())
+        return reference[0]
+
+    shapes = ", ".join("x".join(map(str, shape)) for shape, _ in signature[:3])
+    comparison = guard.check_once(("region", region, signature), f"region {region} at {shapes}", output,
+                                  run_eagerly, tf32_in_use(device))
+    if comparison is None or comparison.passed:
+        return "", output
+    return f"its first compiled call at {shapes} differed from eager: {comparison.line()}", reference[0]
+
+
+def _input_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    module_calls.map_tensors(found.append, (args, kwargs))
+    return found
+
+
+__all__ = ["FidelityGuard", "check_region", "Comparison", "Check", "compare", "tolerance_for", "tf32_in_use", "TOLERANCES",
            "FP32_TOLERANCE", "FP32_TF32_TOLERANCE", "FP16_TOLERANCE", "BF16_TOLERANCE", "NEW_NONFINITE_ALLOWED"]
