@@ -98,11 +98,14 @@ def _weights(facts: CallFacts) -> GraphVerdict:
 
 
 RULES: tuple[Callable[[CallFacts], GraphVerdict], ...] = (_device, _patches, _lowering, _weights)
+# the rules that read only the weights: their verdict holds while the weights' addresses do
+# (compiler/graphs/whole_call.py asks them again only when the addresses move)
+WEIGHT_RULES = (_weights,)
 
 
-def call_verdict(facts: CallFacts) -> GraphVerdict:
-    """The first objection of RULES, in order, or REPLAYS."""
-    for rule in RULES:
+def call_verdict(facts: CallFacts, rules=RULES) -> GraphVerdict:
+    """The first objection of `rules`, in order, or REPLAYS."""
+    for rule in rules:
         verdict = rule(facts)
         if not verdict.replays:
             return verdict
@@ -117,4 +120,4 @@ def call_device(args: tuple, kwargs: dict) -> str:
     return "cpu"
 
 
-__all__ = ["GraphFallback", "GraphVerdict", "CallFacts", "call_verdict", "call_device", "RULES", "REPLAYS"]
+__all__ = ["GraphFallback", "GraphVerdict", "CallFacts", "call_verdict", "call_device", "RULES", "WEIGHT_RULES", "REPLAYS"]

@@ -96,8 +96,10 @@ def weight_addresses(module: torch.nn.Module) -> tuple[int, ...]:
     return tuple(t.data_ptr() for t in (*module.parameters(), *module.buffers()))
 
 
-def recording_key(module: torch.nn.Module, args: tuple, kwargs: dict, host: HostInputs) -> RecordingKey:
-    """The key of one call of `module` (see the module docstring); Unkeyable names what it cannot describe."""
+def recording_key(module: torch.nn.Module, args: tuple, kwargs: dict, host: HostInputs,
+                  weights: Optional[tuple[int, ...]] = None) -> RecordingKey:
+    """The key of one call of `module` (see the module docstring; `weights`: its weight_addresses, if the
+    caller has them already); Unkeyable names what it cannot describe."""
     tensors, values, hosted = [], [], []
     for place, value in _leaves(args, kwargs, host):
         if isinstance(value, torch.Tensor):
@@ -108,7 +110,8 @@ def recording_key(module: torch.nn.Module, args: tuple, kwargs: dict, host: Host
             values.append((place, value))
         if len(tensors) + len(values) > MAX_KEYED_VALUES:
             raise Unkeyable(f"the call has more than {MAX_KEYED_VALUES} tensors and values (MAX_KEYED_VALUES)")
-    return RecordingKey(tuple(tensors), tuple(values), tuple(hosted), CallModes.now(), weight_addresses(module))
+    return RecordingKey(tuple(tensors), tuple(values), tuple(hosted), CallModes.now(),
+                        weight_addresses(module) if weights is None else weights)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ On a CUDA device a step of a model compiled by blocks costs its Python (the glue
 regions kept eager, a TorchDynamo entry per region call) unless the whole call is replayed. Each
 call goes through `WholeCallGraphs(run, args, kwargs)`, where `run` is the same call without graphs:
 
-1. the graph-safety rules (compiler/graphs/graph_safety.py): a call they object to runs `run`, and
-   the fallback is said once (log and the model's warnings; transient ones, at info level only);
+1. the graph-safety rules (compiler/graphs/graph_safety.py; those of the weights asked again only
+   when the weights' addresses move): a call they object to runs `run`, and the fallback is said
+   once (log and the model's warnings; transient ones, at info level only);
 2. its recording key (compiler/graphs/recording_key.py); the key without weights is the call's place;
 3. a place is recorded only once things settle: its first call runs `run`, and only a call that
    compiled nothing and changed no region's choice (`marker()` unchanged) lets the next call record;
@@ -33,12 +34,13 @@ import torch
 from ..host_inputs import host_inputs
 from ..torch_compat import module_calls
 from .fidelity_guard import FidelityGuard, tf32_in_use
-from .graph_safety import CallFacts, GraphFallback, GraphVerdict, call_device, call_verdict
+from .graph_safety import RULES, WEIGHT_RULES, CallFacts, GraphFallback, GraphVerdict, call_device, call_verdict
 from .recorder import CaptureAborted, Recorder, Recording, Run
-from .recording_key import RecordingKey, Unkeyable, recording_key
+from .recording_key import RecordingKey, Unkeyable, recording_key, weight_addresses
 
 log = logging.getLogger("kiln")
 
+CALL_RULES = tuple(rule for rule in RULES if rule not in WEIGHT_RULES)  # asked on every call
 TRANSIENT = (GraphFallback.LOWERING_PENDING, GraphFallback.UNSETTLED)  # lifted by a later call: said at info level
 
 
@@ -91,16 +93,23 @@ class WholeCallGraphs:
         self.report = GraphsReport()
         self._places: dict[RecordingKey, _Place] = {}
         self._said: set[str] = set()
+        self._weights_seen: Optional[tuple] = None
+        self._weights_verdict: GraphVerdict = GraphVerdict()
 
     def __call__(self, run: Run, args: tuple, kwargs: dict) -> Any:
         host = host_inputs()
         device = call_device(args, kwargs)
-        verdict = call_verdict(CallFacts(self.module, args, kwargs, host, device, self.lowering_pending,
-                                          self.record_on))
+        facts = CallFacts(self.module, args, kwargs, host, device, self.lowering_pending, self.record_on)
+        verdict = call_verdict(facts, CALL_RULES)
+        if verdict.replays:
+            weights = weight_addresses(self.module)
+            if weights != self._weights_seen:  # the weights moved (or first call): ask their rules again
+                self._weights_seen, self._weights_verdict = weights, call_verdict(facts, WEIGHT_RULES)
+            verdict = self._weights_verdict
         if not verdict.replays:
             return self._without(verdict, run, args, kwargs)
         try:
-            key = recording_key(self.module, args, kwargs, host)
+            key = recording_key(self.module, args, kwargs, host, weights)
         except Unkeyable as exc:
             return self._without(GraphVerdict(GraphFallback.UNKEYED_INPUT, str(exc)), run, args, kwargs)
         place = self._places.get(key.shape)

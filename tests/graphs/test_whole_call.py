@@ -175,3 +175,22 @@ def test_cpu_calls_are_not_recorded_and_nothing_is_said():
     for _ in range(3):
         graphs(model.run, (torch.randn(2, 4),), {"scale": 1.0})
     assert graphs.report.recordings == 0 and warnings == [] and graphs.report.fallbacks == {}
+
+
+def test_the_weights_rules_are_asked_again_only_when_the_weights_move():
+    asked = []
+
+    class Host(HostInputs):
+        def weights_note(self, module):
+            asked.append(1)
+            return ""
+
+    use_host_inputs(Host())
+    model = Counted(torch.nn.Linear(4, 4))
+    graphs = graphs_for(model)
+    for _ in range(3):
+        graphs(model.run, (torch.randn(2, 4),), {"scale": 1.0})
+    assert len(asked) == 1
+    model.module.weight = torch.nn.Parameter(torch.randn(4, 4))
+    graphs(model.run, (torch.randn(2, 4),), {"scale": 1.0})
+    assert len(asked) == 2
