@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import torch
 
 from ..host_inputs import HostInputs
+from ..torch_compat import module_calls
 
 
 class GraphFallback(enum.Enum):
@@ -23,6 +24,8 @@ class GraphFallback(enum.Enum):
 
     NOT_CUDA = "the model runs on a device other than CUDA"
     UNSAFE_PATCH = "the call holds patches or wrappers that are not graph-safe (they keep Python state or read the GPU mid-call)"
+    OBSERVED_MID_CALL = ("a callback observes a block mid-call (the step cache's method first_block decides there); "
+                         "use its method reuse for whole-call graphs")
     LOWERING_PENDING = "regions are still being lowered in the background"
     UNSETTLED = "the last call still compiled or changed a region's choice; recorded once a call changes nothing"
     WEIGHTS_OFF_DEVICE = "some weights are not on the model's device (partially loaded)"
@@ -83,6 +86,11 @@ def _patches(facts: CallFacts) -> GraphVerdict:
     return GraphVerdict(GraphFallback.UNSAFE_PATCH, ", ".join(unsafe)) if unsafe else REPLAYS
 
 
+def _observed(facts: CallFacts) -> GraphVerdict:
+    observers = module_calls.observers_active()
+    return GraphVerdict(GraphFallback.OBSERVED_MID_CALL, f"{observers} observer(s)") if observers else REPLAYS
+
+
 def _lowering(facts: CallFacts) -> GraphVerdict:
     waiting = facts.lowering_pending()
     return GraphVerdict(GraphFallback.LOWERING_PENDING, ", ".join(waiting[:4])) if waiting else REPLAYS
@@ -97,7 +105,7 @@ def _weights(facts: CallFacts) -> GraphVerdict:
     return GraphVerdict(GraphFallback.WEIGHTS_STREAMED, note) if note else REPLAYS
 
 
-RULES: tuple[Callable[[CallFacts], GraphVerdict], ...] = (_device, _patches, _lowering, _weights)
+RULES: tuple[Callable[[CallFacts], GraphVerdict], ...] = (_device, _patches, _observed, _lowering, _weights)
 # the rules that read only the weights: their verdict holds while the weights' addresses do
 # (compiler/graphs/whole_call.py asks them again only when the addresses move)
 WEIGHT_RULES = (_weights,)

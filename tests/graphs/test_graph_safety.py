@@ -52,3 +52,13 @@ def test_call_device():
     assert call_device((1, torch.ones(1)), {}) == "cpu"
     assert call_device((), {"x": torch.ones(1, device="meta")}) == "meta"
     assert call_device((), {}) == "cpu"
+
+
+def test_a_block_observed_mid_call_falls_back():
+    from kiln.compiler.torch_compat import module_calls
+
+    net = torch.nn.Linear(2, 2)
+    with module_calls.calls_observed(net, lambda args, kwargs: None, lambda out, seen: out):
+        verdict = call_verdict(facts(net, device="cpu"))
+    assert verdict.fallback is GraphFallback.OBSERVED_MID_CALL and "method reuse" in verdict.message()
+    assert call_verdict(facts(net, device="cpu")) is REPLAYS
