@@ -141,24 +141,44 @@ class FidelityGuard:
                 f"{self.extra_calls} extra call(s){what}")
 
 
-def check_region(guard: FidelityGuard, region: str, args: tuple, kwargs: dict, output: Any,
-                 eager: Callable[[], Any], device: str) -> tuple[str, Any]:
-    """A region's compiled call checked against its block run eagerly on the same inputs, once per
-    input signature (each tensor's shape and dtype). ("", output) when it passes or was checked
-    before; (why, eager's output) when it fails: the region then runs eagerly, with `why` as the reason."""
+@dataclass
+class RegionCheck:
+    """A region's first compiled call at an input signature, to check against its block run eagerly on
+    copies of the same inputs, taken before the compiled call (a block may update its input in place,
+    as ComfyUI's Flux blocks add to theirs)."""
+
+    what: tuple
+    label: str
+    args: tuple
+    kwargs: dict
+
+    def finish(self, guard: FidelityGuard, output: Any, eager: Callable[[tuple, dict], Any],
+               device: str) -> tuple[str, Any]:
+        """("", output) when the compiled output passes; (why, eager's output) when it fails: the region
+        then runs eagerly, with `why` as the reason."""
+        reference: list = []
+
+        def run_eagerly():
+            reference.append(eager(self.args, self.kwargs))
+            return reference[0]
+
+        comparison = guard.check_once(self.what, self.label, output, run_eagerly, tf32_in_use(device))
+        if comparison is None or comparison.passed:
+            return "", output
+        return f"its first compiled call at {self.label.split(' at ', 1)[1]} differed from eager: {comparison.line()}", \
+            reference[0]
+
+
+def region_check(guard: FidelityGuard, region: str, args: tuple, kwargs: dict) -> Optional[RegionCheck]:
+    """The check due for a call of `region` with these inputs (once per input signature: each tensor's
+    shape and dtype), with copies of the inputs; None when that signature was checked already."""
     signature = tuple((tuple(t.shape), t.dtype) for t in _input_tensors(args, kwargs))
-    reference: list = []
-
-    def run_eagerly():
-        reference.append(eager())
-        return reference[0]
-
+    what = ("region", region, signature)
+    if not guard.due(what):
+        return None
     shapes = ", ".join("x".join(map(str, shape)) for shape, _ in signature[:3])
-    comparison = guard.check_once(("region", region, signature), f"region {region} at {shapes}", output,
-                                  run_eagerly, tf32_in_use(device))
-    if comparison is None or comparison.passed:
-        return "", output
-    return f"its first compiled call at {shapes} differed from eager: {comparison.line()}", reference[0]
+    copies = module_calls.map_tensors(torch.clone, (args, kwargs))
+    return RegionCheck(what, f"region {region} at {shapes}", copies[0], copies[1])
 
 
 def _input_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -167,5 +187,5 @@ def _input_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return found
 
 
-__all__ = ["FidelityGuard", "check_region", "Comparison", "Check", "compare", "tolerance_for", "tf32_in_use", "TOLERANCES",
+__all__ = ["FidelityGuard", "RegionCheck", "region_check", "Comparison", "Check", "compare", "tolerance_for", "tf32_in_use", "TOLERANCES",
            "FP32_TOLERANCE", "FP32_TF32_TOLERANCE", "FP16_TOLERANCE", "BF16_TOLERANCE", "NEW_NONFINITE_ALLOWED"]

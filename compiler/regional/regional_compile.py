@@ -52,7 +52,7 @@ from .. import cpu
 from ..backend.context import CompileUnit, ModelContext
 from ..backend.dynamo_backend import KilnBackend, device_type_of, lowering_options
 from ..cache import choice_fields
-from ..graphs.fidelity_guard import check_region
+from ..graphs.fidelity_guard import region_check
 from ..options.compile_options import CompileOptions
 from ..passes import Progress
 from ..shapes.inputs import contiguous_inputs, model_latent, tensors_in
@@ -327,10 +327,12 @@ class CompiledRegion:
             with positions_hidden(args, kwargs) as (given_args, given_kwargs):
                 return self.compiled(block, *given_args, **given_kwargs)
 
+        # compiler/graphs/fidelity_guard.py: its first compiled call at each input signature against eager
+        check = region_check(self.fidelity, self.region.name, args, kwargs) \
+            if self.fidelity is not None and not calls_position_patches(args, kwargs) else None
         out = self.backend.run(call, lambda: module_calls.call_module_body(block, *args, **kwargs), self._fall_back)
-        if self.fidelity is not None and self.state not in RUNS_EAGERLY and not calls_position_patches(args, kwargs):
-            why, out = check_region(self.fidelity, self.region.name, args, kwargs, out,
-                                    lambda: module_calls.call_module_body(block, *args, **kwargs),
+        if check is not None and self.state not in RUNS_EAGERLY:
+            why, out = check.finish(self.fidelity, out, lambda a, k: module_calls.call_module_body(block, *a, **k),
                                     device_type_of((*args, *kwargs.values())))
             if why:
                 self._keep_eager("fidelity", why)

@@ -71,3 +71,23 @@ def test_checked_once_with_its_cost_counted():
     assert len(calls) == guard.extra_calls == 2
     assert [c.what for c in guard.failures] == ["region Block#1 at 2x4"]
     assert "2 check(s), 1 failed, 2 extra call(s)" in guard.line() and "Block#1 at 2x4" in guard.line()
+
+
+def test_a_region_check_runs_eager_on_copies_taken_before_the_compiled_call():
+    from kiln.compiler.graphs.fidelity_guard import region_check
+
+    def block(x, options):  # updates its input in place, as ComfyUI's Flux blocks add to theirs
+        x.add_(options["shift"])
+        return x * 2
+
+    guard = FidelityGuard()
+    x, options = torch.ones(3), {"shift": torch.ones(3)}
+    check = region_check(guard, "Block#1", (x,), {"options": options})
+    out = block(x, options)  # the "compiled" call
+    why, answer = check.finish(guard, out, lambda a, k: block(*a, **k), "cpu")
+    assert why == "" and answer is out and guard.extra_calls == 1
+    assert region_check(guard, "Block#1", (torch.ones(3),), {"options": options}) is None  # checked once
+    check = region_check(guard, "Block#1", (torch.ones(4),), {"options": {"shift": torch.ones(4)}})
+    why, answer = check.finish(guard, torch.full((4,), float("nan")), lambda a, k: block(*a, **k), "cpu")
+    assert why.startswith("its first compiled call at 4, 4 differed from eager: rel L2") and torch.equal(answer,
+                                                                                                       torch.full((4,), 4.0))
