@@ -8,7 +8,7 @@ recorder follows the same steps, which tests check with compiler/graphs/fake_rec
    autotuning and any last TorchDynamo guard settle there), at most MAX_WARMUP_CALLS runs; still
    compiling after that, or compiling during the capture itself, aborts the recording
    (`CaptureAborted`);
-3. the capture; `replay(args, kwargs)` then copies the call's tensors into the buffers and replays.
+3. the capture (Python's garbage collector off meanwhile: `no_collection`); `replay(args, kwargs)` then copies the call's tensors into the buffers and replays.
 
 A replay's outputs live in the recording's memory and are overwritten by its next replay: the caller
 clones them (compiler/graphs/whole_call.py), so a call's output stays valid after the next call.
@@ -19,6 +19,8 @@ reports each recording's memory (`nbytes`: what the device's allocated memory gr
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 from typing import Any, Callable, Optional, Protocol
 
 import torch
@@ -59,6 +61,19 @@ def warm_up(run: Run, inputs: StaticInputs, compiles: Callable[[], int]) -> None
     raise CaptureAborted(f"it still compiled after {MAX_WARMUP_CALLS} warm-up calls (MAX_WARMUP_CALLS)")
 
 
+@contextlib.contextmanager
+def no_collection():
+    """Python's garbage collector off while a graph is captured (as vLLM captures): a collection would
+    free unrelated tensors in the middle of the capture and slow it down."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class CudaGraphRecording:
     def __init__(self, graph: "torch.cuda.CUDAGraph", inputs: StaticInputs, outputs: Any, nbytes: int):
         self.graph = graph
@@ -92,7 +107,7 @@ class CudaGraphRecorder:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         before = compiles()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with no_collection(), torch.cuda.graph(graph, pool=self.pool):
             outputs = run(inputs.args, inputs.kwargs)
         if compiles() != before:
             raise CaptureAborted("it compiled while being recorded")
