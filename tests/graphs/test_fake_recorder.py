@@ -57,12 +57,3 @@ def test_warm_up_until_nothing_compiles_else_abort():
     settles = iter([0, 1, 1, 1, 1, 1])  # the first warm-up compiles, the second settles
     FakeRecorder(net).record(compiling, (torch.randn(2, 3),), {}, HostInputs(), lambda: next(settles))
 
-
-def test_no_collection_during_a_capture():
-    import gc
-
-    from kiln.compiler.graphs.recorder import no_collection
-
-    with no_collection():
-        assert not gc.isenabled()
-    assert gc.isenabled()

@@ -87,3 +87,13 @@ def test_a_host_sync_fails_the_capture_with_its_reason():
         torch.testing.assert_close(graphs(syncing, (x,), {}), net(x))
     assert GraphFallback.CAPTURE_FAILED.value in warnings[0]
     assert graphs.report.recordings == 0
+
+
+def test_no_collection_during_a_capture():
+    import gc
+
+    from kiln.compiler.graphs.recorder import no_collection
+
+    with no_collection():
+        assert not gc.isenabled()
+    assert gc.isenabled()
