@@ -35,6 +35,7 @@ from .backend.context import CompileUnit, ModelContext
 from .backend.dynamo_backend import KilnBackend
 from .regional.blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
+from .graphs.fidelity_guard import region_check
 from .graphs.for_model import graphs_for_model
 from .shapes.cuda_graph_budget import CudaGraphBudget
 from .method import label_of
@@ -48,6 +49,7 @@ log = logging.getLogger("kiln")
 
 _MEMO = "_kiln_models"        # module.__dict__: {plan key: KilnModel}
 _LAST_PLAN = "_kiln_last_plan"  # module.__dict__: the plan most recently asked for, to say what changed
+WHOLE_MODEL = "whole model"     # compiled whole: the fidelity guard's name for its one region
 
 
 class KilnUnavailable(RuntimeError):
@@ -154,9 +156,16 @@ class KilnModel(torch.nn.Module):
             mark_batch_and_resolution_dynamic(args, kwargs)
         backend = self._backend
         backend.progress = self.progress
+        # with whole-call graphs: the compiled model's first call at each input signature against eager (compiler/graphs)
+        check = region_check(self._whole_call.guard, WHOLE_MODEL, args, kwargs) if self._whole_call is not None else None
         with dynamo.no_fake_dispatch_cache(self.plan.compile.symbolic_sizes):  # a faster capture (its docstring says when)
-            return backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs),
-                               self._fall_back)
+            out = backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs),
+                              self._fall_back)
+        if check is not None and not self.stats.fallback:
+            why, out = check.finish(self._whole_call.guard, out, lambda a, k: module(*a, **k), _device_of(module))
+            if why:
+                self._fall_back(f"the compiled model: {why}")
+        return out
 
     def _prepare(self):
         """Execute the plan's steps (STEPS order). None, and the model runs eagerly, if there is nothing

@@ -85,3 +85,28 @@ def test_a_region_that_returns_nan_runs_eagerly_with_the_reason(graphs_on_cpu, m
     assert "differed from eager" in info.regions_eager["Block#1"] and "NaN/inf where eager is finite" in \
         info.regions_eager["Block#1"]
     assert info.cuda_graphs.report.recordings == 1  # the rest of the call is still replayed
+
+
+def test_compiled_whole_the_first_call_is_checked_and_a_nan_model_runs_eagerly(graphs_on_cpu, monkeypatch):
+    module = two_region_net()
+    compiled = kiln.compile(module, options=CompileOptions(mode="fast", compile_unit="whole"))
+    for _ in range(4):
+        x = torch.randn(2, 8, 3, 5)
+        assert rel_err(compiled(x), module(x)) < 1e-6
+    guard = kiln.stats(compiled).cuda_graphs.guard
+    assert [c.what.split(" at ")[0] for c in guard.checks] == ["region whole model", "recording 1 (2x8x3x5)"]
+
+    real_compile = torch.compile
+
+    def nan_compile(fn, **kwargs):
+        compiled_fn = real_compile(fn, **kwargs)
+        return lambda *a, **k: compiled_fn(*a, **k) * float("nan")
+
+    monkeypatch.setattr(torch, "compile", nan_compile)
+    module = two_region_net()
+    compiled = kiln.compile(module, options=CompileOptions(mode="fast", compile_unit="whole"))
+    for _ in range(3):
+        x = torch.randn(2, 8, 3, 5)
+        assert rel_err(compiled(x), module(x)) < 1e-6
+    info = kiln.stats(compiled)
+    assert info.fallback.startswith("the compiled model: its first compiled call at 2x8x3x5 differed from eager")
