@@ -23,6 +23,15 @@ COMPILE_UNITS = {
     "whole": "the whole model as one graph (slowest first compile; every op in one graph)",
 }
 
+# cuda_graphs -> what it means (compiler/graphs; docs/cuda-graphs.md has the rules)
+CUDA_GRAPHS = {
+    "auto": "default: on a CUDA device the whole model call is recorded once and replayed as a CUDA graph where the "
+            "rules hold (else it runs without graphs, saying why); on other devices there are none",
+    "on": "torch's CUDA graph trees for each compiled graph (by blocks: each region's), bounded by shapes.max_cuda_graphs",
+    "off": "no CUDA graphs",
+}
+DEFAULT_CUDA_GRAPHS = "auto"
+
 # cache mode -> what it means (compiler/cache/options.py)
 CACHE_MODES = {
     "use": "load a matching entry, else compile and store",

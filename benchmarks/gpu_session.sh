@@ -9,13 +9,18 @@
 #   bash benchmarks/gpu_session.sh cache                 # kiln bench --cache at SDXL size: restart cost, cold vs warm
 #   bash benchmarks/gpu_session.sh prompts [sdxl|flux]   # kiln bench --prompts: the first prompts, regions lowered in the background or not
 #   bash benchmarks/gpu_session.sh host CASE [VARIANT,...]   # where a step's host time goes: launches, syncs, cProfile
+#   bash benchmarks/gpu_session.sh graphs sd15-512-cfg|sdxl-1024-cfg|flux-1024  # whole-call CUDA graphs, one case
+#       under `timeout 480` in all: imports and the tree's size first, the guard's planted faults on CUDA
+#       (tests/graphs), then `kiln default` and `torch.compile reduce-overhead` at 10 reps with each row's
+#       torch.profiler kernel table. DRY_RUN=1 prints the commands instead of running them.
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...]"
+usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...] | graphs sd15-512-cfg|sdxl-1024-cfg|flux-1024"
 part="${1:-}"
 case "$part ${2:-}" in
     tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|"prompts "|"prompts sdxl"|"prompts flux"|host\ ?*) ;;
+    "graphs sd15-512-cfg"|"graphs sdxl-1024-cfg"|"graphs flux-1024") [ $# -eq 2 ] || { echo "$usage" >&2; exit 2; } ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
 if [ "$part" = shapes ]; then  # the model: SDXL unless named
@@ -32,6 +37,19 @@ if [ "$part" = tests ]; then  # only test files and folders of this checkout
     done
 fi
 out="${OUT:-benchmarks/results/gpu-$(date +%F)}"
+if [ "$part" = graphs ]; then  # one case in 480 s, start-up included: every command gets what is left
+    GRAPHS_BUDGET_S=480
+    graphs_out="$out/graphs-$2"
+    graph_steps=(
+        "python3 -c 'import torch, triton, diffusers, kiln.compiler.graphs; assert torch.cuda.is_available(), \"no CUDA device\"; print(\"torch\", torch.__version__, \"allocator\", torch.cuda.get_allocator_backend())'"
+        "du -sh --exclude=.git . | tee $graphs_out/bundle-size.txt"
+        "TRITON_INTERPRET=0 python3 -m pytest -p no:cacheprovider -q --tb=short -rfE -s tests/graphs/test_recorder.py tests/graphs/test_on_cuda.py 2>&1 | tee $graphs_out/guard-tests.log"
+        "python3 -m kiln.benchmarks.gpu_suite --cases $2 --variants 'kiln default,torch.compile reduce-overhead' --reps 10 --kernel-tables --no-table --out $graphs_out 2>&1 | tee $graphs_out/suite-$2.log"
+    )
+    if [ "${DRY_RUN:-}" = 1 ]; then
+        echo "budget ${GRAPHS_BUDGET_S} s"; printf '%s\n' "${graph_steps[@]}"; exit 0
+    fi
+fi
 mkdir -p "$out"
 
 pythonpath=()
@@ -90,6 +108,17 @@ case "$part" in
         model="${2:-sdxl}"
         python3 -m kiln.cli bench --prompts --device cuda --model "$model" --prompt-steps 20 \
             --json "$out/prompts-$model.json" 2>&1 | tee "$out/prompts-$model.log" ;;
+    graphs)  # each step under timeout, with what is left of GRAPHS_BUDGET_S (the machine's start-up counts)
+        mkdir -p "$graphs_out"
+        deadline=$((GRAPHS_BUDGET_S - 10))  # SECONDS counts from the script's start: the installs above count too
+        status=0
+        for step in "${graph_steps[@]}"; do
+            left=$((deadline - SECONDS))
+            if [ $left -le 0 ]; then echo "out of time before: $step" | tee -a "$graphs_out/failed.txt"; exit 124; fi
+            timeout "$left" bash -o pipefail -c "$step" || { status=$?; echo "failed ($status; 124: timed out): $step" \
+                | tee -a "$graphs_out/failed.txt"; }
+        done
+        exit $status ;;
     cache)  # time to first step in fresh processes: Kiln cold, Kiln warm from its cache, torch.compile cold and warm
         python3 -m kiln.cli bench --cache --device cuda --model sdxl --json "$out/cache-sdxl.json" 2>&1 \
             | tee "$out/cache-sdxl.log" ;;

@@ -177,10 +177,13 @@ def matmul_ceiling_tflops(device: str, tiny: bool) -> float:
     return 2 * n ** 3 / (ms / 1e3) / 1e12
 
 
-def device_busy_ms(fn, steps: int = 3) -> float:
+KERNEL_TABLE_ROWS = 40  # the kernels a table lists, by their own GPU time
+
+
+def device_busy_ms(fn, steps: int = 3, table_to: Optional[Path] = None) -> float:
     """The GPU's busy time per call of `fn`: the sum of its kernels' own times (torch.profiler) over
     `steps` calls, per call. Far under the call's wall time, the GPU waits on the host: launches,
-    Python, guards (what CUDA graphs remove)."""
+    Python, guards (what CUDA graphs remove). `table_to`: a file for the profile's kernel table."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -191,7 +194,20 @@ def device_busy_ms(fn, steps: int = 3) -> float:
         torch.cuda.synchronize()
     total_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
                    for e in prof.key_averages())
+    if table_to is not None:
+        table_to.write_text(kernel_table(prof, "self_cuda_time_total", f"{steps} calls"))
     return total_us / 1e3 / steps
+
+
+def kernel_table(prof, sort_by: str, what: str) -> str:
+    """A torch.profiler profile's table of its KERNEL_TABLE_ROWS costliest entries by `sort_by`."""
+    return f"torch.profiler, {what}, by {sort_by}\n" + prof.key_averages().table(sort_by=sort_by,
+                                                                                 row_limit=KERNEL_TABLE_ROWS)
+
+
+def table_path(folder: Path, case: str, variant: str) -> Path:
+    """Where a row's kernel table goes: kernels-<case>-<variant, letters and digits>.txt."""
+    return folder / f"kernels-{case}-{re.sub(r'[^a-z0-9]+', '-', variant.lower()).strip('-')}.txt"
 
 
 def model_flops(fn) -> int:
@@ -218,12 +234,13 @@ def error_line(exc: BaseException) -> str:
 
 
 def run_case(case: Case, variants: list[str], device: str, size: str, reps: int, ceiling: float, log,
-             on_row=lambda result: None) -> list[Result]:
+             on_row=lambda result: None, kernel_tables: Optional[Path] = None) -> list[Result]:
     """Every variant's row for one case, in the order given, then eager's again; `on_row` gets each row
     as it ends (the suite writes its results file then: a run cut short by a time limit keeps the rows
     it finished). Each variant compiles in a fresh Inductor and Triton cache; its error is scored on
     an output of a call after its timing (a replay, where it records CUDA graphs), copied at once; its
-    speed against the eager row's, wherever that row stands."""
+    speed against the eager row's, wherever that row stands. `kernel_tables`: a folder for each row's
+    torch.profiler kernel table (table_path), written with its busy time on a CUDA device."""
     module, args, kwargs = build_case(case, device, size)
     results, eager_ms = [], None
     with torch.inference_mode():
@@ -253,13 +270,17 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
                 result.peak_mem_gb = torch.cuda.max_memory_allocated() / 2 ** 30
                 try:
                     with torch.inference_mode():
-                        result.busy_ms = device_busy_ms(lambda: runner(*args, **kwargs))
+                        table = table_path(kernel_tables, case.name, name) if kernel_tables else None
+                        result.busy_ms = device_busy_ms(lambda: runner(*args, **kwargs), table_to=table)
                 except Exception as exc:  # noqa: BLE001  the row keeps its timings; the log says why
                     log(f"{case.name:<18} {name:<28} no busy time: {type(exc).__name__}: {exc}")
             if name.startswith("kiln"):
                 from .. import compiler
 
-                result.passes = {k: v for k, v in compiler.stats(runner).pass_counts.items() if v}
+                stats = compiler.stats(runner)
+                result.passes = {k: v for k, v in stats.pass_counts.items() if v}
+                if stats.cuda_graphs is not None:  # cuda_graphs auto on CUDA: what was replayed, and the guard
+                    log(f"{case.name:<18} {name:<28} {stats.cuda_graphs.report.line()}; {stats.cuda_graphs.guard.line()}")
             busy = f"  GPU busy {result.busy_ms:7.2f} ms" if result.busy_ms is not None else ""
             log(f"{case.name:<18} {name:<28} {result.ms:9.2f} ms  err {result.rel_err:.1e}  "
                 f"compile {result.compile_s:6.1f}s  {result.ceiling_fraction:6.1%} of ceiling{busy}")
@@ -370,6 +391,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants")
     parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--kernel-tables", action="store_true",
+                        help="write each row's torch.profiler kernel table beside the results (CUDA only)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for <date>-<device>.json and .log")
     parser.add_argument("--no-table", "--no-readme", dest="no_table", action="store_true",
                         help="do not add this run's table to docs/gpu-results.md")
@@ -418,7 +441,7 @@ def main(argv=None) -> int:
     write = rows_written(args.out / f"{stamp}.json", data, results)
     for case in cases:
         run_case(case, variants, device, "tiny" if args.tiny else "full", args.reps or (3 if args.tiny else 20), ceiling,
-                 log, on_row=write)
+                 log, on_row=write, kernel_tables=args.out if args.kernel_tables else None)
     data["quant_targets"] = quant_targets(data["results"])
     for target in data["quant_targets"]:
         log(f"quantization target at {target['case']}: {target['variant']} {target['speedup_vs_kiln']:.2f}x vs kiln "

@@ -17,7 +17,7 @@ from .step_cache.step_cached_model import StepCachedModel, step_cached
 
 
 def compile(module: torch.nn.Module, options: Union[CompileOptions, str] = "balanced", dynamic: Optional[bool] = None,
-            cuda_graphs: bool = False, *, cache: Union[CacheOptions, str, None] = None,
+            cuda_graphs: Optional[bool] = None, *, cache: Union[CacheOptions, str, None] = None,
             progress: Optional[Progress] = None, cache_dir: Optional[str] = None, cache_max_gb: float = 20.0,
             mode: Optional[str] = None, step_cache: Union[StepCacheOptions, dict, None] = None
             ) -> Union[KilnModel, StepCachedModel]:
@@ -42,7 +42,8 @@ def compile(module: torch.nn.Module, options: Union[CompileOptions, str] = "bala
     compile and replace, "off"). `kiln.stats(...).cache` says hit or miss, and why.
 
     Shorthands, the keyword forms: `options` may be a mode name ("fast", "balanced", "max"; also
-    `mode=`) with `dynamic` and `cuda_graphs`; `cache_dir` turns the cache on there ("" for the
+    `mode=`) with `dynamic` and `cuda_graphs` (None, auto: whole calls replayed as CUDA graphs on a CUDA
+    device, docs/cuda-graphs.md; True: per compiled graph; False: none); `cache_dir` turns the cache on there ("" for the
     default), with `cache` its mode ("use" unless given) and `cache_max_gb` its cap.
 
     `step_cache` (a StepCacheOptions or its mapping, `{}` for the defaults) puts the compiled model
@@ -70,7 +71,7 @@ def compile(module: torch.nn.Module, options: Union[CompileOptions, str] = "bala
 def _compile_options(options, mode, dynamic, cuda_graphs) -> CompileOptions:
     """CompileOptions from `options`, or from the keyword shorthands (a mode, dynamic, cuda_graphs)."""
     if isinstance(options, CompileOptions):
-        if mode is not None or dynamic is not None or cuda_graphs:
+        if mode is not None or dynamic is not None or cuda_graphs is not None:
             raise OptionsError("give mode, dynamic and cuda_graphs inside the CompileOptions, not beside it")
         return options
     return CompileOptions(mode=mode or options, dynamic=dynamic, cuda_graphs=cuda_graphs)

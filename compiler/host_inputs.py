@@ -11,13 +11,18 @@ compiler asks it three things:
   (`write_back`), unless the argument also holds patches the block calls with its position
   (`calls_position_patches`: a patch may depend on the position, or keep state);
 - which tensor in a model's argument is a sampler's schedule (`schedule_in`), whose length is the
-  step count and must stay dynamic.
+  step count and must stay dynamic;
+- for replaying a whole model call as a CUDA graph (compiler/graphs): what of a model's argument a
+  recording bakes in beyond its tensors (`call_fingerprint`: the patches and their ids, which half of
+  a guidance batch is which, ...), which of the patches and wrappers it holds are not graph-safe
+  (`graph_unsafe`: a patch with Python state or a host sync), and why a model's weights cannot be
+  read at fixed addresses (`weights_note`: streamed or patched per call).
 
 The default answers "nothing": a plain PyTorch model's blocks get only tensors.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Hashable, Optional
 
 import torch
 
@@ -45,6 +50,24 @@ class HostInputs:
     def schedule_in(self, value: Any) -> Optional[torch.Tensor]:
         """A sampler's whole schedule inside `value` (one argument of a model call), if it holds one."""
         return None
+
+    def call_fingerprint(self, value: Any) -> Optional[Hashable]:
+        """For an argument of a model call that is the host's options (not a plain tensor or
+        container): a hashable summary of every Python value in it that the call reads, which a CUDA
+        graph recording bakes in (compiler/graphs/recording_key.py keys the tensors inside it itself).
+        None: `value` is not the host's; Kiln keys it by its own rules."""
+        return None
+
+    def graph_unsafe(self, value: Any) -> tuple[str, ...]:
+        """The patches, replacements and wrappers in `value` (one argument of a model call) that are
+        not on the host's graph-safe list, by name: a recording would replay them without their Python
+        (state kept between calls, `.item()`, a decision made mid-call)."""
+        return ()
+
+    def weights_note(self, module: torch.nn.Module) -> str:
+        """Why `module`'s weights cannot be read at the addresses a recording bakes in (the host
+        streams them or patches them per call), or ""."""
+        return ""
 
 
 _host = HostInputs()

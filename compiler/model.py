@@ -35,6 +35,8 @@ from .backend.context import CompileUnit, ModelContext
 from .backend.dynamo_backend import KilnBackend
 from .regional.blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
+from .graphs.fidelity_guard import region_check
+from .graphs.for_model import graphs_for_model
 from .shapes.cuda_graph_budget import CudaGraphBudget
 from .method import label_of
 from .passes import Progress
@@ -47,6 +49,7 @@ log = logging.getLogger("kiln")
 
 _MEMO = "_kiln_models"        # module.__dict__: {plan key: KilnModel}
 _LAST_PLAN = "_kiln_last_plan"  # module.__dict__: the plan most recently asked for, to say what changed
+WHOLE_MODEL = "whole model"     # compiled whole: the fidelity guard's name for its one region
 
 
 class KilnUnavailable(RuntimeError):
@@ -103,6 +106,8 @@ class KilnModel(torch.nn.Module):
         self._regions: Optional[RegionalCompile] = None  # compiled by blocks: the regions, made on the first call
         # with cuda_graphs on, what bounds the recordings: the model's input shapes (compiler/shapes/cuda_graph_budget.py)
         self._cuda_graphs: Optional[CudaGraphBudget] = None
+        # with cuda_graphs auto on a CUDA device: the whole call recorded and replayed (compiler/graphs)
+        self._whole_call = None
 
     @property
     def original(self) -> torch.nn.Module:
@@ -132,6 +137,8 @@ class KilnModel(torch.nn.Module):
     def _call(self, compiled, module, args, kwargs):
         if compiled is None:
             return module(*args, **kwargs)
+        if self._whole_call is not None:
+            return self._whole_call(lambda a, k: self._run(compiled, module, a, k), args, kwargs)
         if self._cuda_graphs is not None:
             with self._cuda_graphs.for_call(input_shapes(args, kwargs)):
                 return self._cuda_graphs.owned(self._run(compiled, module, args, kwargs))
@@ -149,9 +156,16 @@ class KilnModel(torch.nn.Module):
             mark_batch_and_resolution_dynamic(args, kwargs)
         backend = self._backend
         backend.progress = self.progress
+        # with whole-call graphs: the compiled model's first call at each input signature against eager (compiler/graphs)
+        check = region_check(self._whole_call.guard, WHOLE_MODEL, args, kwargs) if self._whole_call is not None else None
         with dynamo.no_fake_dispatch_cache(self.plan.compile.symbolic_sizes):  # a faster capture (its docstring says when)
-            return backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs),
-                               self._fall_back)
+            out = backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs),
+                              self._fall_back)
+        if check is not None and not self.stats.fallback:
+            why, out = check.finish(self._whole_call.guard, out, lambda a, k: module(*a, **k), _device_of(module))
+            if why:
+                self._fall_back(f"the compiled model: {why}")
+        return out
 
     def _prepare(self):
         """Execute the plan's steps (STEPS order). None, and the model runs eagerly, if there is nothing
@@ -190,8 +204,14 @@ class KilnModel(torch.nn.Module):
             note = "background: the model compiles whole (above), as one graph that its first call waits for"
             log.warning("Kiln: %s %s", label, note)
             self.stats.warnings.append(note)
+        device = str(next(module.parameters(), torch.empty(0)).device)
+        if options.whole_call_graphs(device):
+            self._whole_call = graphs_for_model(module, options, self.stats, label, device,
+                                                lambda: self._regions.waiting_regions() if self._regions else [])
         if regions:
             self._regions = RegionalCompile(regions, context)
+            if self._whole_call is not None:
+                self._regions.use_fidelity_guard(self._whole_call.guard)
             log.info("Kiln: %s compiles by blocks: %s", label, self.stats.units_line())
             return self._regions
         # not the model class's forward, shared by every model of the class (the 9th would run eagerly)

@@ -74,14 +74,14 @@ class KilnPlan:
         if self.compile is not None:
             c = self.compile
             dynamic = {None: "auto", True: "true", False: "false"}[c.dynamic]
-            parts.append(f"compile ({c.mode}, dynamic={dynamic}, cuda_graphs={str(c.cuda_graphs).lower()})")
+            parts.append(f"compile ({c.mode}, dynamic={dynamic}, cuda_graphs={c.cuda_graphs_choice})")
         text = ", then ".join(parts) or "nothing"
         if self.cache is not None and self.cache.mode != "off":
             text += f", with Kiln's cache ({self.cache.mode}, {self.cache.root})"
         return text
 
 
-def build_options(mode: str = "balanced", dynamic=None, cuda_graphs: bool = False, advanced: str = "",
+def build_options(mode: str = "balanced", dynamic=None, cuda_graphs=None, advanced: str = "",
                   pin_shapes: str = "", **overrides) -> KilnPlan:
     """Widgets (or keyword arguments) plus the expert string -> a KilnPlan with every part they ask
     for: `compile` (validated CompileOptions) always, `cache` when the expert string has

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ..events import CompileEvent
 
@@ -64,6 +64,7 @@ EAGER_KINDS = {
     "measured": "measured no faster compiled",                           # compiler/regional/region_choice.py
     "class": "not compiled after their class's first",                   # region_choice.ClassVerdicts
     "convolutions": "convolution blocks on a CPU",                       # cpu.eager_before_capture (compiler/cpu)
+    "fidelity": "differed from eager on their first call",               # compiler/graphs/fidelity_guard.py
 }
 
 
@@ -83,6 +84,7 @@ class KilnStats:
     regions_eager: dict = field(default_factory=dict)  # region name -> why it runs eagerly by choice
     eager_kinds: dict = field(default_factory=dict)  # region name -> which kind of choice (EAGER_KINDS)
     region_timings: dict = field(default_factory=dict)  # region name -> RegionTiming: its first call, compiled and eager
+    cuda_graphs: Any = None  # cuda_graphs auto on CUDA: the model's WholeCallGraphs (compiler/graphs), its report and guard
 
     def warn_once(self, note: str) -> bool:
         """Keep `note` among the warnings unless it is there already; True if it is new (then say it)."""
@@ -164,6 +166,9 @@ class KilnStats:
                          + (f", {graphs} CUDA graph(s) recorded" if any(v.cuda_graph for v in self.variants) else ""))
             lines += ["    " + v.line() + f", {v.calls} call(s)" for v in self.variants]
         lines += ["  " + event.line() for event in self.cache]
+        if self.cuda_graphs is not None:
+            lines += ["  " + self.cuda_graphs.report.line(), "  " + self.cuda_graphs.guard.line()]
+            lines += [f"    {calls} call(s) {why}" for why, calls in self.cuda_graphs.report.fallbacks.items()]
         skipped = {name: reasons for c in self.compiles for name, reasons in c.skipped.items() if reasons}
         for name, reasons in skipped.items():
             lines.append(f"  {name} skipped {len(reasons)}x: {sorted(set(reasons))[0]}")
@@ -178,4 +183,6 @@ class KilnStats:
                 "cache": [asdict(event) for event in self.cache],
                 "regions": [asdict(region) for region in self.regions], "region_fallbacks": self.region_fallbacks,
                 "regions_eager": self.regions_eager, "eager_kinds": self.eager_kinds,
-                "region_timings": {name: asdict(timing) for name, timing in self.region_timings.items()}}
+                "region_timings": {name: asdict(timing) for name, timing in self.region_timings.items()},
+                "cuda_graphs": None if self.cuda_graphs is None else {**asdict(self.cuda_graphs.report),
+                                                                      "guard": self.cuda_graphs.guard.line()}}

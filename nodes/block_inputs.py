@@ -11,11 +11,12 @@ passes its whole schedule down (SCHEDULE_KEY): its length is the step count, whi
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Hashable, Optional
 
 import torch
 
 from ..loaded import compiler
+from . import graph_inputs
 
 # the keys that say where a block sits, each with the neutral value a block sees when no patch is
 # installed; the keys a block writes for patches to read (its input's shape). Without a patch nothing
@@ -55,6 +56,16 @@ class ComfyBlockInputs(_HostInputs):
     def schedule_in(self, value: Any) -> Optional[torch.Tensor]:
         sigmas = value.get(SCHEDULE_KEY) if isinstance(value, dict) else None
         return sigmas if isinstance(sigmas, torch.Tensor) and sigmas.dim() == 1 else None
+
+    # whole-call CUDA graphs (compiler/graphs): nodes/graph_inputs.py
+    def call_fingerprint(self, value: Any) -> Optional[Hashable]:
+        return graph_inputs.fingerprint(value)
+
+    def graph_unsafe(self, value: Any) -> tuple[str, ...]:
+        return graph_inputs.unsafe_patches(value)
+
+    def weights_note(self, module: torch.nn.Module) -> str:
+        return graph_inputs.weights_note(module)
 
 
 def register() -> None:

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from ...choices import COMPILE_UNITS
+from ...choices import COMPILE_UNITS, CUDA_GRAPHS
 from .inductor_settings import setting_problem
 from .modes import LOWERINGS, MODES, Lowering
 from .option_text import parse_mapping_text, shorten
@@ -20,6 +20,10 @@ from .shape_policy import ShapePolicy, ShapePolicyError
 # (e.g. to use a Kiln kernel on a CPU, where the pass would otherwise leave Inductor to fuse),
 # "off" disables it.
 PASS_SWITCHES = ("auto", "on", "off")
+
+# choices.CUDA_GRAPHS by name -> the value CompileOptions.cuda_graphs holds (None: auto, as `dynamic`'s)
+CUDA_GRAPH_VALUES = {"auto": None, "on": True, "off": False}
+assert tuple(CUDA_GRAPH_VALUES) == tuple(CUDA_GRAPHS), "one value per choices.CUDA_GRAPHS name, in its order"
 
 
 class OptionsError(ValueError):
@@ -35,7 +39,10 @@ class CompileOptions:
         compile (one graph for every batch >= 2 and every resolution), other sizes become dynamic
         when they first change; True: every size is dynamic from the start; False: every shape
         is specialised (a TorchDynamo recompile per new shape).
-    cuda_graphs: capture CUDA graphs (CUDA only; on other devices it is ignored with a warning).
+    cuda_graphs: None ("auto", the default): on a CUDA device the whole model call is recorded and
+        replayed as a CUDA graph where the rules hold (compiler/graphs; elsewhere nothing changes and
+        nothing is said); True ("on"): torch's CUDA graph trees for each compiled graph (CUDA only; on
+        other devices it is ignored with a warning); False ("off"): none. choices.CUDA_GRAPHS.
     passes: per-pass switch, {pass name: "auto" | "on" | "off"}; unnamed passes are "auto".
     fullgraph: fail instead of splitting the model at a graph break.
     inductor: extra Inductor config applied only while Kiln compiles (scoped `config.patch`),
@@ -59,7 +66,7 @@ class CompileOptions:
 
     mode: str = "balanced"
     dynamic: Optional[bool] = None
-    cuda_graphs: bool = False
+    cuda_graphs: Optional[bool] = None
     passes: Mapping[str, str] = field(default_factory=dict)
     fullgraph: bool = False
     inductor: Mapping[str, Any] = field(default_factory=dict)
@@ -75,7 +82,11 @@ class CompileOptions:
             raise OptionsError(f"compile_unit={shorten(self.compile_unit)}: use one of {', '.join(COMPILE_UNITS)}")
         if not (self.dynamic is None or isinstance(self.dynamic, bool)):
             raise OptionsError(f"dynamic={shorten(self.dynamic)}: use true, false or null (let TorchDynamo decide)")
-        for key in ("cuda_graphs", "fullgraph", "measure_regions", "background"):
+        if isinstance(self.cuda_graphs, str) and self.cuda_graphs in CUDA_GRAPH_VALUES:
+            object.__setattr__(self, "cuda_graphs", CUDA_GRAPH_VALUES[self.cuda_graphs])
+        if not (self.cuda_graphs is None or isinstance(self.cuda_graphs, bool)):
+            raise OptionsError(f"cuda_graphs={shorten(self.cuda_graphs)}: use one of {', '.join(CUDA_GRAPHS)}")
+        for key in ("fullgraph", "measure_regions", "background"):
             if not isinstance(getattr(self, key), bool):
                 raise OptionsError(f"{key}={shorten(getattr(self, key))}: use true or false")
         object.__setattr__(self, "passes", _pass_switches(self.passes))
@@ -110,6 +121,15 @@ class CompileOptions:
     def symbolic_sizes(self) -> bool:
         """Captures see symbolic sizes: Kiln marks batch and resolution dynamic (auto) or `dynamic=True`."""
         return self.dynamic is not False
+
+    @property
+    def cuda_graphs_choice(self) -> str:
+        """The name of the cuda_graphs choice (choices.CUDA_GRAPHS)."""
+        return next(name for name, value in CUDA_GRAPH_VALUES.items() if value is self.cuda_graphs)
+
+    def whole_call_graphs(self, device: str) -> bool:
+        """Whether a model on `device` records and replays its whole calls (cuda_graphs auto, on CUDA)."""
+        return self.cuda_graphs is None and str(device).startswith("cuda")
 
     @property
     def lowering(self) -> Lowering:

@@ -52,6 +52,7 @@ from .. import cpu
 from ..backend.context import CompileUnit, ModelContext
 from ..backend.dynamo_backend import KilnBackend, device_type_of, lowering_options
 from ..cache import choice_fields
+from ..graphs.fidelity_guard import region_check
 from ..options.compile_options import CompileOptions
 from ..passes import Progress
 from ..shapes.inputs import contiguous_inputs, model_latent, tensors_in
@@ -121,6 +122,7 @@ class CompiledRegion:
         self.state = RegionState.WAITING if background is not None else RegionState.NEW
         self.why_eager = ""  # with state EAGER or FAILED: why
         self.idle: Optional[fusible.IdleRecord] = None  # its first graph had nothing to fuse: to keep in the cache
+        self.fidelity = None  # a FidelityGuard (compiler/graphs/fidelity_guard.py) where the model checks its regions
         entry = dynamo.own_code(module_calls.call_module_body,
                                 f"kiln_{self.label}_{region.name}".replace(".", "_").replace("#", "_"))
         self.backend = KilnBackend(context, CompileUnit(code=entry.__code__, name=region.name,
@@ -325,7 +327,16 @@ class CompiledRegion:
             with positions_hidden(args, kwargs) as (given_args, given_kwargs):
                 return self.compiled(block, *given_args, **given_kwargs)
 
-        return self.backend.run(call, lambda: module_calls.call_module_body(block, *args, **kwargs), self._fall_back)
+        # compiler/graphs/fidelity_guard.py: its first compiled call at each input signature against eager
+        check = region_check(self.fidelity, self.region.name, args, kwargs) \
+            if self.fidelity is not None and not calls_position_patches(args, kwargs) else None
+        out = self.backend.run(call, lambda: module_calls.call_module_body(block, *args, **kwargs), self._fall_back)
+        if check is not None and self.state not in RUNS_EAGERLY:
+            why, out = check.finish(self.fidelity, out, lambda a, k: module_calls.call_module_body(block, *a, **k),
+                                    device_type_of((*args, *kwargs.values())))
+            if why:
+                self._keep_eager("fidelity", why)
+        return out
 
     # ---- decided by measurement (compiler/regional/region_choice.py) ---------------------------------
 
@@ -504,6 +515,11 @@ class RegionalCompile:
         # a branch or two; counted over all blocks, since where a block's graph breaks TorchDynamo resumes
         # in the model's own code, which every region's blocks share
         self.budget = 2 * sum(len(region.members) for region, _ in regions) + 4
+
+    def use_fidelity_guard(self, guard) -> None:
+        """Check each region's first compiled call at each input signature against eager (compiler/graphs)."""
+        for region in self.regions:
+            region.fidelity = guard
 
     def every_region_eager(self) -> bool:
         """Every region runs its blocks eagerly (by choice, or after its compile failed): the model's

@@ -85,10 +85,21 @@ def calls_observed(module: torch.nn.Module, before: Callable, after: Callable):
     model, never sees it) and put back after; a route installed inside this context runs inside it."""
     previous = module.__dict__.get("_compiled_call_impl")
     module._compiled_call_impl = ObservedCall(module, before, after, previous)
+    _observing[0] += 1
     try:
         yield
     finally:
+        _observing[0] -= 1
         module._compiled_call_impl = previous
+
+
+_observing = [0]  # calls_observed contexts open now
+
+
+def observers_active() -> int:
+    """How many `calls_observed` contexts are open: Python that runs inside a model call, mid-call
+    (a CUDA graph replay of the whole call would skip it)."""
+    return _observing[0]
 
 
 def is_view(tensor: torch.Tensor) -> bool:

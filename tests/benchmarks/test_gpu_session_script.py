@@ -17,8 +17,30 @@ def test_script_parses():
                                   ["tests", "tests/no_such_test.py"], ["tests", "/etc/passwd"],
                                   ["tests", "tests/../README.md"], ["host"],
                                   ["host", "../../tmp/x"], ["host", "sd15 512"],
-                                  ["prompts", "sd99"], ["prompts", "sdxl", "extra"]])
+                                  ["prompts", "sd99"], ["prompts", "sdxl", "extra"],
+                                  ["graphs"], ["graphs", "sd99"], ["graphs", "vae-decode-1024"],
+                                  ["graphs", "sd15-512-cfg", "extra"]])
 def test_wrong_parts_are_refused_with_the_usage(args, tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path)))
     assert done.returncode == 2 and done.stderr.startswith("usage: gpu_session.sh tests")
     assert not any(tmp_path.iterdir())  # nothing ran
+
+
+@pytest.mark.parametrize("case", ["sd15-512-cfg", "sdxl-1024-cfg", "flux-1024"])
+def test_the_graphs_part_plans_one_case_in_480_s(case, tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), "graphs", case], capture_output=True, text=True,
+                          env=dict(os.environ, OUT=str(tmp_path), DRY_RUN="1"))
+    assert done.returncode == 0, done.stderr
+    budget, imports, size, guard, suite = done.stdout.strip().splitlines()
+    assert budget == "budget 480 s"
+    assert "import torch, triton, diffusers, kiln.compiler.graphs" in imports and "get_allocator_backend" in imports
+    assert size.startswith("du -sh") and f"graphs-{case}/bundle-size.txt" in size
+    assert "tests/graphs/test_recorder.py tests/graphs/test_on_cuda.py" in guard
+    assert f"--cases {case} --variants 'kiln default,torch.compile reduce-overhead' --reps 10 --kernel-tables" in suite
+    for path in ("tests/graphs/test_recorder.py", "tests/graphs/test_on_cuda.py"):
+        assert (SCRIPT.parents[1] / path).exists()
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
+    from kiln.benchmarks.gpu_suite import FULL_CASES, VARIANTS
+
+    assert case in {c.name for c in FULL_CASES}
+    assert {"kiln default", "torch.compile reduce-overhead"} <= set(VARIANTS)

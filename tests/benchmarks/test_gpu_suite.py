@@ -1,5 +1,6 @@
 """The GPU suite must not rot between GPU runs: run it on the CPU with tiny models."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,3 +191,17 @@ def test_kilns_default_row_comes_first_in_a_fresh_cache_and_is_scored_on_a_repla
     assert rows["kiln default"]["error"] is None and rows["kiln default"]["rel_err"] < 1e-4
     assert rows["kiln default"]["speedup"] == pytest.approx(rows["eager"]["ms"] / rows["kiln default"]["ms"])
     assert rows["replaying"]["rel_err"] == 0.0  # its output read right after its call
+
+
+def test_kernel_tables_are_named_by_case_and_row_and_list_the_costliest():
+    from torch.profiler import ProfilerActivity, profile
+
+    from kiln.benchmarks.gpu_suite import KERNEL_TABLE_ROWS, kernel_table, table_path
+
+    assert table_path(Path("r"), "sd15-512-cfg", "torch.compile reduce-overhead") == \
+        Path("r/kernels-sd15-512-cfg-torch-compile-reduce-overhead.txt")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(8, 8) @ torch.ones(8, 8)
+    text = kernel_table(prof, "self_cpu_time_total", "1 call")
+    assert text.startswith("torch.profiler, 1 call, by self_cpu_time_total\n") and "aten::mm" in text
+    assert KERNEL_TABLE_ROWS == 40

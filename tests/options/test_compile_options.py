@@ -5,7 +5,25 @@ from kiln.compiler import CompileOptions, OptionsError, build_options, parse_exp
 
 def test_defaults_are_balanced():
     opts = CompileOptions()
-    assert (opts.mode, opts.dynamic, opts.cuda_graphs) == ("balanced", None, False)
+    assert (opts.mode, opts.dynamic, opts.cuda_graphs) == ("balanced", None, None)
+    assert opts.cuda_graphs_choice == "auto"
+
+
+def test_cuda_graphs_auto_on_off():
+    from kiln.choices import CUDA_GRAPHS, DEFAULT_CUDA_GRAPHS
+
+    assert DEFAULT_CUDA_GRAPHS == CompileOptions().cuda_graphs_choice
+    for name in CUDA_GRAPHS:
+        assert CompileOptions(cuda_graphs=name).cuda_graphs_choice == name
+    assert CompileOptions(cuda_graphs=True).cuda_graphs_choice == "on"  # the explicit forms keep working
+    assert CompileOptions(cuda_graphs=False).cuda_graphs_choice == "off"
+    assert build_options(advanced="cuda_graphs: auto").compile.cuda_graphs is None
+    assert build_options(cuda_graphs=False).compile.cuda_graphs is False
+    auto = CompileOptions()
+    assert auto.whole_call_graphs("cuda") and auto.whole_call_graphs("cuda:1")
+    assert not auto.whole_call_graphs("cpu")  # on the CPU auto means off, and says nothing
+    assert not CompileOptions(cuda_graphs=True).whole_call_graphs("cuda")
+    assert CompileOptions(background=True).background  # auto is no CUDA-graph option background refuses
 
 
 @pytest.mark.parametrize("text", ['{"passes": {"fuse_geglu": "on"}}', "passes:\n  fuse_geglu: on\n"])
@@ -56,7 +74,7 @@ def test_empty_expert_string_is_nothing():
     ('dynamic: "yes"', r"dynamic='yes': use true, false or null"),
     ("dynamic: 1", r"dynamic=1: use true, false or null"),
     ("fullgraph: 1", r"fullgraph=1: use true or false"),
-    ("cuda_graphs: [true]", r"cuda_graphs=\[True\]: use true or false"),
+    ("cuda_graphs: [true]", r"cuda_graphs=\[True\]: use one of auto, on, off"),
     ("mode: [fast]", r"mode=\['fast'\] is not a Kiln mode"),
     ('{"mode": "' + "x" * 10_000 + '"}', r"mode='x+\.\.\.x+' is not a Kiln mode"),
 ])
