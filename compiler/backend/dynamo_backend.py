@@ -240,7 +240,7 @@ class KilnBackend:
             input_shapes=_user_input_shapes(gm), nodes=len(gm.graph.nodes),
             rewrites={r.name: r.rewrites for r in results}, skipped={r.name: r.skipped for r in results if r.skipped},
             seconds=time.perf_counter() - start, dynamic=dynamic, capture_seconds=capture, graph_breaks=breaks,
-            region=self.unit.name,
+            region=self.unit.name, notes={r.name: r.notes for r in results if r.notes},
         )
         self._recorded(record)
         log.info("Kiln compiled %s", record.line())

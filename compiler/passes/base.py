@@ -41,9 +41,14 @@ class PassResult:
     rewrites: int = 0
     skipped: list[str] = field(default_factory=list)   # one reason per match left alone
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)     # what a rewrite chose, and why (a measured choice)
 
     def skip(self, reason: str) -> None:
         self.skipped.append(reason)
+
+    def note(self, line: str) -> None:
+        if line not in self.notes:
+            self.notes.append(line)
 
 
 class GraphPass:
