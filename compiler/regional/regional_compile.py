@@ -198,7 +198,7 @@ class CompiledRegion:
         if device is None or not may_stay_eager(self.options, device):
             return False
         records = self.cache.read_records(self._choice_fields(args, kwargs, device))
-        if fusible.IDLE_FILE in records:
+        if fusible.IDLE_FILE in records and gpu_choice.runs_as_captured_when_idle(device):
             try:
                 idle = fusible.IdleRecord.from_bytes(records[fusible.IDLE_FILE],
                                                      f"the stored verdict of region {self.region.name}")
