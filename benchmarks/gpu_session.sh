@@ -13,13 +13,16 @@
 #       under `timeout 480` in all: imports and the tree's size first, the guard's planted faults on CUDA
 #       (tests/graphs), then `kiln default` and `torch.compile reduce-overhead` at 10 reps with each row's
 #       torch.profiler kernel table. DRY_RUN=1 prints the commands instead of running them.
+#   bash benchmarks/gpu_session.sh kernel-table [CASE]   # GPU kernels by class: Kiln whole vs torch.compile (sdxl-1024-cfg)
+#   bash benchmarks/gpu_session.sh kernel-records CASE [PASS]  # kernel passes in place, on and off: their decision records
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...] | graphs sd15-512-cfg|sdxl-1024-cfg|flux-1024"
+usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...] | kernel-table [CASE] | kernel-records CASE [PASS] | graphs sd15-512-cfg|sdxl-1024-cfg|flux-1024"
 part="${1:-}"
 case "$part ${2:-}" in
     tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|"prompts "|"prompts sdxl"|"prompts flux"|host\ ?*) ;;
+    kernel-table\ *|kernel-records\ ?*) ;;
     "graphs sd15-512-cfg"|"graphs sdxl-1024-cfg"|"graphs flux-1024") [ $# -eq 2 ] || { echo "$usage" >&2; exit 2; } ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
@@ -29,6 +32,14 @@ fi
 if [ "$part" = prompts ] && [ $# -gt 2 ]; then echo "$usage" >&2; exit 2; fi
 if [ "$part" = host ]; then  # a case name (it names the output file): letters, digits and dashes
     [[ "$2" =~ ^[a-z0-9-]+$ ]] || { echo "$usage" >&2; exit 2; }
+fi
+if [ "$part" = kernel-table ] || [ "$part" = kernel-records ]; then  # one case a run, named as the suite names it
+    [[ "${2:-sdxl-1024-cfg}" =~ ^(sd15-512-cfg|sdxl-1024-cfg|flux-1024|vae-decode-1024)$ ]] || { echo "$usage" >&2; exit 2; }
+    if [ "$part" = kernel-table ]; then [ $# -le 2 ] || { echo "$usage" >&2; exit 2; }; fi
+    if [ "$part" = kernel-records ]; then  # one pass a run where the case's whole compiles take long (SDXL: ~3 min each)
+        [ $# -le 3 ] && [[ "${3:-fuse_geglu}" =~ ^(fuse_geglu|fuse_group_norm_silu|fuse_adaln_modulation)$ ]] \
+            || { echo "$usage" >&2; exit 2; }
+    fi
 fi
 if [ "$part" = tests ]; then  # only test files and folders of this checkout
     for path in "${@:2}"; do
@@ -119,6 +130,14 @@ case "$part" in
                 | tee -a "$graphs_out/failed.txt"; }
         done
         exit $status ;;
+    kernel-table)  # Kiln whole vs torch.compile: a torch.profiler kernel table per variant, by class (10 steps timed)
+        case_name="${2:-sdxl-1024-cfg}"
+        timeout 480 python3 -m kiln.benchmarks.kernel_table --case "$case_name" --reps 10 --out "$out" 2>&1 \
+            | tee "$out/kernel-table-$case_name.log" ;;
+    kernel-records)  # every kernel pass forced on, one at a time, against none: GPU busy per step, the decision records
+        passes=(); if [ -n "${3:-}" ]; then passes=(--passes "$3"); fi
+        timeout 480 python3 -m kiln.benchmarks.kernel_pass_records --case "$2" ${passes[@]+"${passes[@]}"} --reps 10 \
+            --out "$out" 2>&1 | tee "$out/kernel-records-$2${3:+-$3}.log" ;;
     cache)  # time to first step in fresh processes: Kiln cold, Kiln warm from its cache, torch.compile cold and warm
         python3 -m kiln.cli bench --cache --device cuda --model sdxl --json "$out/cache-sdxl.json" 2>&1 \
             | tee "$out/cache-sdxl.log" ;;

@@ -24,6 +24,7 @@ class GraphCompile:
     capture_seconds: float = 0.0    # TorchDynamo's capture before Kiln's backend got the graph
     graph_breaks: list[str] = field(default_factory=list)  # breaks hit capturing it ('where: what'); it ends at the last
     region: str = ""                # the block region it compiles ("ResnetBlock2D#2"); "" for the whole model
+    notes: dict[str, list[str]] = field(default_factory=dict)  # pass name -> what it chose (the attention backend)
 
     def event(self) -> CompileEvent:
         """This compile as the nodes show it and `kiln queue` reads it (events.py)."""

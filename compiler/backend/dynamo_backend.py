@@ -20,6 +20,7 @@ from . import lowering as lowerings
 from .lowering import LoweringFailed
 from ..options.compile_options import CompileOptions
 from ..passes import PASSES, PassContext, Progress, passes_uuid, run_passes
+from ..passes.kernel_records import gpu_class_among
 from ..shapes.shape_manager import ShapeDispatcher
 from ..stats import GraphCompile
 
@@ -209,7 +210,8 @@ class KilnBackend:
             return self._run_as_captured(gm, as_captured, reason, breaks, capture, start, index)
         graph = graph_hash(gm, fx_graphs.is_weight) if self._caching() else ""  # the captured structure, before the passes
         ctx = PassContext(device_type=device, triton=triton_available() and device == "cuda",
-                          grad_enabled=torch.is_grad_enabled(), inductor=lowering.uses_inductor, mode=self.options.mode)
+                          grad_enabled=torch.is_grad_enabled(), inductor=lowering.uses_inductor, mode=self.options.mode,
+                          gpu=gpu_class_among(example_inputs) if device == "cuda" else None)
         total = len(PASSES) + 1
         results = run_passes(gm, ctx, dict(self.options.passes), self.report, total)
         dynamic = _is_dynamic(gm)
@@ -238,7 +240,7 @@ class KilnBackend:
             input_shapes=_user_input_shapes(gm), nodes=len(gm.graph.nodes),
             rewrites={r.name: r.rewrites for r in results}, skipped={r.name: r.skipped for r in results if r.skipped},
             seconds=time.perf_counter() - start, dynamic=dynamic, capture_seconds=capture, graph_breaks=breaks,
-            region=self.unit.name,
+            region=self.unit.name, notes={r.name: r.notes for r in results if r.notes},
         )
         self._recorded(record)
         log.info("Kiln compiled %s", record.line())

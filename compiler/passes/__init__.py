@@ -2,7 +2,7 @@
 
 Each pass is one file; this table is the only place that lists them. Order matters:
 attention is canonicalised first (it removes casts and matmuls the others never need to see),
-the kernel fusions next, the layout change last (it wraps whatever convs remain).
+its backend chosen next (on CUDA), the kernel fusions next, the layout change last (it wraps whatever convs remain).
 """
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ import torch
 from .base import GraphPass, PassContext, PassResult, hash_files
 from .canonicalize_attention import CanonicalizeAttention
 from .channels_last_convs import ChannelsLastConvs
+from .choose_attention_backend import ChooseAttentionBackend
 from .fuse_adaln_modulation import FuseAdalnModulation
 from .fuse_geglu import FuseGeglu
 from .fuse_group_norm_silu import FuseGroupNormSilu
 
 PASSES: tuple[GraphPass, ...] = (
     CanonicalizeAttention(),
+    ChooseAttentionBackend(),
     FuseGeglu(),
     FuseGroupNormSilu(),
     FuseAdalnModulation(),

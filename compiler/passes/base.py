@@ -11,12 +11,15 @@ import inspect
 import operator
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch
 import torch.fx
 
 from ..torch_compat.fx_graphs import fake_value
+
+if TYPE_CHECKING:
+    from .kernel_records import GpuClass
 
 
 @dataclass
@@ -29,6 +32,7 @@ class PassContext:
     grad_enabled: bool = False      # autograd on while compiling: custom kernels are inference-only
     inductor: bool = True           # Inductor lowers the graph afterwards (and fuses neighbours itself)
     mode: str = "balanced"          # for messages only; decisions ask `inductor`
+    gpu: Optional["GpuClass"] = None  # the CUDA device's class (compiler/passes/kernel_records.py); None elsewhere
 
 
 @dataclass
@@ -37,9 +41,14 @@ class PassResult:
     rewrites: int = 0
     skipped: list[str] = field(default_factory=list)   # one reason per match left alone
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)     # what a rewrite chose, and why (a measured choice)
 
     def skip(self, reason: str) -> None:
         self.skipped.append(reason)
+
+    def note(self, line: str) -> None:
+        if line not in self.notes:
+            self.notes.append(line)
 
 
 class GraphPass:
@@ -54,12 +63,15 @@ class GraphPass:
 
     def source_files(self) -> list[str]:
         """The files whose code decides what this pass does and what its output computes: the pass,
-        the helpers every pass shares, and for a kernel pass the kernel (op, fake impl, reference)."""
+        the helpers every pass shares, and for a kernel pass the kernel (op, fake impl, reference) and its
+        decision records (compiler/passes/kernel_records.py)."""
         files = [inspect.getsourcefile(type(self)), __file__]
         if self.kernel_op:
             kernels = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "kernels")
             op = self.kernel_op.split("::")[-1]
             files += [os.path.join(kernels, f"{op}.py"), os.path.join(kernels, "_library.py")]
+            here = os.path.dirname(__file__)  # what decides where it fires on a GPU: the rule and its records
+            files += [os.path.join(here, "kernel_records.py"), os.path.join(here, "kernel_records.json")]
         return [os.path.normpath(f) for f in files]
 
     def uuid(self) -> str:
@@ -125,6 +137,9 @@ def kernel_gate(ctx: PassContext, result: PassResult, what: str, without_inducto
     `without_inductor_only`: the kernel replaces a fusion Inductor makes itself, and better (Inductor
     also folds in the neighbours, e.g. the residual add before a norm, which a custom op blocks), so
     "auto" swaps it only where no Inductor runs (mode fast).
+    Where Inductor lowers the graph on a GPU, "auto" also asks the pass's decision record for that GPU
+    (compiler/passes/kernel_records.py): without an in-place measurement there showing the kernel
+    beating Inductor's code, it is not swapped in.
     "on" swaps wherever the pattern matches. Custom kernels have no autograd formula, so with
     grad enabled nothing is swapped. Every refusal is recorded as a skip with its reason.
     """
@@ -143,6 +158,13 @@ def kernel_gate(ctx: PassContext, result: PassResult, what: str, without_inducto
         result.skip(f"{what}: in mode {ctx.mode} Inductor fuses this with its neighbours (the kernel serves mode fast; "
                     "force with passes: on)")
         return False
+    if ctx.inductor and ctx.gpu is not None:  # against Inductor's code: the pass's record on this GPU decides
+        from .kernel_records import shipped_decision
+
+        decision = shipped_decision(result.name, ctx.gpu)
+        if not decision.on:
+            result.skip(f"{what}: {decision.why} (force with passes: on)")
+            return False
     return True
 
 

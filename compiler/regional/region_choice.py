@@ -12,7 +12,8 @@ Whether it does depends on the block, its size and the device, so it is measured
   `kiln.stats(m).regions_eager`, the node's line), and the choice is kept in Kiln's cache under the
   region's signature, the inputs' shapes and the environment (CHOICE_FILE), so a later start finds
   it before capturing.
-- **Judged by class** (`ClassVerdicts`). Once the first region of a block class measured slower
+- **Judged by class** (`ClassVerdicts`; not on CUDA, where every region is measured:
+  compiler/regional/gpu_choice.py). Once the first region of a block class measured slower
   compiled, or its first PREDICT_AFTER regions together gained less than CLASS_MIN_GAIN, or one of
   them measured under MIN_GAIN, the class's other regions on that model are not compiled. A class
   let through goes on only while its regions pay: once a later region measures slower, its regions
@@ -35,12 +36,13 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
 from .. import cpu
 from ..torch_compat import module_calls
+from .gpu_time import WALL_CLOCK, RegionClock, clock_for
 
 log = logging.getLogger("kiln")
 
@@ -71,10 +73,15 @@ def stored_record(data: bytes, where: str, fields: tuple[str, ...], max_bytes: i
 
 @dataclass(frozen=True)
 class RegionTiming:
-    """One region's call, timed compiled and eagerly on the same inputs (milliseconds, medians)."""
+    """One region's call, timed compiled and eagerly on the same inputs (milliseconds, medians), by the
+    clock named in `basis` (compiler/regional/gpu_time.py; '' for a timing read back from the cache);
+    on CUDA the host's wall clock over the same calls beside it (`*_host_ms`), for the log."""
 
     compiled_ms: float
     eager_ms: float
+    basis: str = ""
+    compiled_host_ms: Optional[float] = None
+    eager_host_ms: Optional[float] = None
 
     def gains(self, fraction: float) -> bool:
         """Compiled is at least `fraction` faster than eager."""
@@ -85,8 +92,13 @@ class RegionTiming:
         return self.gains(MIN_GAIN)
 
     def line(self) -> str:
-        return (f"compiled {self.compiled_ms:.3f} ms, eager {self.eager_ms:.3f} ms a call "
+        by = f" by {self.basis}" if self.basis else ""
+        line = (f"compiled {self.compiled_ms:.3f} ms, eager {self.eager_ms:.3f} ms a call{by} "
                 f"({self.eager_ms / self.compiled_ms:.2f}x)")
+        if self.compiled_host_ms is not None and self.eager_host_ms is not None and self.basis != WALL_CLOCK:
+            line += (f"; host wall clock compiled {self.compiled_host_ms:.3f} ms, eager {self.eager_host_ms:.3f} ms "
+                     f"({self.eager_host_ms / self.compiled_host_ms:.2f}x)")
+        return line
 
     def reason(self) -> str:
         """Why the region runs eagerly: '' when compiled pays."""
@@ -200,21 +212,24 @@ def _free_gpu_bytes() -> int:
 
 
 def time_both(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, dict], Any], args: tuple,
-              kwargs: dict, device: str, rounds: int = ROUNDS) -> RegionTiming:
+              kwargs: dict, device: str, rounds: int = ROUNDS, clock: Optional[RegionClock] = None) -> RegionTiming:
     """Median milliseconds a call of `compiled(args, kwargs)` and `eager(args, kwargs)`, each call on
-    fresh copies of the inputs (made outside the timing), in interleaved rounds whose order alternates.
+    fresh copies of the inputs (made outside the timing), in interleaved rounds whose order alternates,
+    after one warm-up call of each. Each sample is read from `clock` (compiler/regional/gpu_time.py;
+    by default `clock_for(device)`: the GPU's own time on CUDA, the host's wall clock elsewhere).
 
     On a CPU a sample is calls_per_sample calls, sized by an eager call of the warm-up. On a GPU a
-    sample is PIPELINED_CALLS calls issued back to back, synchronised before the first and after the
-    last, divided by their number: in a denoising step the host issues a block's work while
-    the GPU still runs the blocks before it, so a call costs the longer of its host time and its GPU
-    time, not the two added. Timed one call at a time, a compiled block that does less GPU work but
-    takes longer to issue measures faster than eager and makes a step that waits on the host slower
-    (docs/measurements/2026-11-27-gpu-h200.md)."""
+    sample is PIPELINED_CALLS calls issued back to back, divided by their number, timed by the GPU's
+    clock: the kernels' own time, which Inductor's fusion lowers and CUDA graphs cannot, with the host's
+    wall clock over the same calls beside it for the log (read on a host-bound machine, the wall clock
+    measured blocks slower compiled that do less GPU work: docs/measurements/2026-11-27-gpu-h200.md)."""
+    clock = clock or clock_for(device)
     samples: dict[str, list[float]] = {"compiled": [], "eager": []}
+    host: dict[str, list[float]] = {"compiled": [], "eager": []}
     calls = {"compiled": compiled, "eager": eager}
     size = input_bytes(args, kwargs)
-    count = calls_per_sample(device, size, _warm_up(compiled, eager, args, kwargs) if device == "cpu" else 0.0)
+    eager_call_ms = _warm_up(compiled, eager, args, kwargs)
+    count = calls_per_sample(device, size, eager_call_ms if device == "cpu" else 0.0)
     if device == "cuda" and count < PIPELINED_CALLS:
         log.info("Kiln: a region timed with %d call(s) a sample instead of %d: more copies of its inputs "
                  "(%.0f MiB each) would take over %.0f%% of the GPU's free memory", count, PIPELINED_CALLS,
@@ -222,28 +237,26 @@ def time_both(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, di
     for round_ in range(rounds):
         for name in ("compiled", "eager") if round_ % 2 == 0 else ("eager", "compiled"):
             inputs = [fresh_copies(args, kwargs) for _ in range(count)]
-            _sync(device)
-            start = time.perf_counter()
-            for given_args, given_kwargs in inputs:
-                calls[name](given_args, given_kwargs)
-            _sync(device)
-            samples[name].append((time.perf_counter() - start) * 1e3 / count)
+
+            def run(call=calls[name], inputs=inputs):
+                for given_args, given_kwargs in inputs:
+                    call(given_args, given_kwargs)
+
+            sample = clock.sample(run)
+            samples[name].append(sample.ms / count)
+            host[name].append(sample.host_ms / count)
             del inputs
-    return RegionTiming(statistics.median(samples["compiled"]), statistics.median(samples["eager"]))
+    return RegionTiming(statistics.median(samples["compiled"]), statistics.median(samples["eager"]), clock.basis,
+                        statistics.median(host["compiled"]), statistics.median(host["eager"]))
 
 
 def _warm_up(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, dict], Any], args: tuple,
              kwargs: dict) -> float:
     """One call of each side, outside the samples (on a CPU the first timing right after a compile
-    measured a ResNet block 0.90x where later ones measured 1.02-1.08x), the eager one timed to size the
-    samples."""
+    measured a ResNet block 0.90x where later ones measured 1.02-1.08x; on a GPU a first call may still
+    load or tune kernels), the eager one timed to size the samples on a CPU."""
     compiled(*fresh_copies(args, kwargs))
     given_args, given_kwargs = fresh_copies(args, kwargs)
     start = time.perf_counter()
     eager(given_args, given_kwargs)
     return (time.perf_counter() - start) * 1e3
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()

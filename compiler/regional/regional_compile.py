@@ -58,7 +58,7 @@ from ..passes import Progress
 from ..shapes.inputs import contiguous_inputs, model_latent, tensors_in
 from ..shapes.shape_manager import CallShape
 from ..torch_compat import dynamo, module_calls
-from . import fusible, region_choice
+from . import fusible, gpu_choice, region_choice
 from .background import CallerState, HeldInputs, LoweringThread
 from .block_positions import calls_position_patches, carries_position, positions_hidden
 from .blocks import Region
@@ -200,7 +200,7 @@ class CompiledRegion:
         if device is None or not may_stay_eager(self.options, device):
             return False
         records = self.cache.read_records(self._choice_fields(args, kwargs, device))
-        if fusible.IDLE_FILE in records:
+        if fusible.IDLE_FILE in records and gpu_choice.runs_as_captured_when_idle(device):
             try:
                 idle = fusible.IdleRecord.from_bytes(records[fusible.IDLE_FILE],
                                                      f"the stored verdict of region {self.region.name}")
@@ -225,7 +225,8 @@ class CompiledRegion:
     def _class_verdict(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
         """The first regions of its block class gained too little compiled (region_choice.ClassVerdicts)."""
         why = self.verdicts.predicted_eager(self.region.block_class)
-        return bool(why) and self._may_measure(args, kwargs) is not None and self._decided_eager("class", why)
+        device = self._may_measure(args, kwargs) if why else None
+        return device is not None and gpu_choice.judged_by_class(device) and self._decided_eager("class", why)
 
     def _cpu_rule(self, block: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
         """Its block is one that runs no faster compiled on this device (cpu.eager_before_capture)."""
@@ -245,7 +246,7 @@ class CompiledRegion:
         """Why to run this graph as captured: it gives Inductor nothing to fuse (compiler/regional/fusible.py),
         where the region may stay eager. When the graph is the block's whole code, the region runs
         eagerly from now on."""
-        if not may_stay_eager(self.options, device):
+        if not may_stay_eager(self.options, device) or not gpu_choice.runs_as_captured_when_idle(device):
             return ""
         idle = fusible.idle_record(gm)
         if idle is None:

@@ -46,3 +46,20 @@ def is_weight(node: torch.fx.Node) -> bool:
     """A placeholder of a captured graph that holds a parameter or buffer: TorchDynamo lifts them to
     placeholders named after them (its naming rule, e.g. L__self___conv_parameters_weight_)."""
     return "_parameters_" in node.name or "_buffers_" in node.name
+
+
+def size_hint(size) -> int:
+    """A size as a number: an int as it is, a symbolic size by the value it had in the capture (its hint;
+    checked: torch 2.5 - 2.13)."""
+    if isinstance(size, int):
+        return size
+    return int(size.node.hint)
+
+
+def outside_fake_mode():
+    """A context where tensors are real even if the caller runs under a fake tensor mode (a compiler
+    backend may): for measuring kernels on real inputs while compiling
+    (`torch._subclasses.fake_tensor.unset_fake_temporarily`, checked: torch 2.5 - 2.13)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()

@@ -44,3 +44,36 @@ def test_the_graphs_part_plans_one_case_in_480_s(case, tmp_path):
 
     assert case in {c.name for c in FULL_CASES}
     assert {"kiln default", "torch.compile reduce-overhead"} <= set(VARIANTS)
+
+
+@pytest.mark.parametrize("args", [["kernel-table", "sd99"], ["kernel-table", "sdxl-1024-cfg", "extra"],
+                                  ["kernel-table", "../../etc"], ["kernel-records"], ["kernel-records", "sdxl"],
+                                  ["kernel-records", "sdxl-1024-cfg", "fuse_nothing"],
+                                  ["kernel-records", "sdxl-1024-cfg", "fuse_geglu", "extra"]])
+def test_the_kernel_parts_take_one_suite_case_and_a_kernel_pass(args, tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path)))
+    assert done.returncode == 2 and done.stderr.startswith("usage: gpu_session.sh tests")
+    assert "kernel-table [CASE] | kernel-records CASE [PASS]" in done.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, command", [
+    (["kernel-table"], "-m kiln.benchmarks.kernel_table --case sdxl-1024-cfg --reps 10 --out {out}"),
+    (["kernel-table", "flux-1024"], "-m kiln.benchmarks.kernel_table --case flux-1024 --reps 10 --out {out}"),
+    (["kernel-records", "sd15-512-cfg"], "-m kiln.benchmarks.kernel_pass_records --case sd15-512-cfg --reps 10 --out {out}"),
+    (["kernel-records", "sdxl-1024-cfg", "fuse_geglu"],
+     "-m kiln.benchmarks.kernel_pass_records --case sdxl-1024-cfg --passes fuse_geglu --reps 10 --out {out}"),
+])
+def test_the_kernel_parts_run_their_tool_under_a_time_limit(args, command, tmp_path):
+    """With a python3 that only writes down how it was called: the command each part runs."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), TMPDIR=str(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env,
+                          cwd=SCRIPT.parents[1])
+    assert done.returncode == 0, done.stderr
+    assert calls.read_text().splitlines()[-1] == command.format(out=out)

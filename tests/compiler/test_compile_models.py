@@ -55,7 +55,9 @@ def test_sd15_matches_eager_and_every_pass_fired(sd15):
     assert rel_err(first, unet(*args, **kwargs)[0]) < 1e-4
     info = kiln.stats(compiled)
     assert info.compile_count == 1 and info.compiles[0].lowering == "inductor"
-    assert info.pass_counts == {
+    counts = dict(info.pass_counts)
+    assert counts.pop("choose_attention_backend") >= 2 * _count(unet, "BasicTransformerBlock")  # every SDPA: math on a CPU
+    assert counts == {
         "canonicalize_attention": 2 * _count(unet, "BasicTransformerBlock"),
         "fuse_geglu": _count(unet, "GEGLU"),
         "fuse_group_norm_silu": 2 * _count(unet, "ResnetBlock2D") + 1,
@@ -119,7 +121,9 @@ def test_sd3_dit_balanced():
     assert rel_err(compiled(*args3, **kwargs3)[0], dit(*args3, **kwargs3)[0]) < 1e-4
     info = kiln.stats(compiled)
     assert info.compile_count == 1
-    assert info.pass_counts == {
+    counts = dict(info.pass_counts)
+    assert counts.pop("choose_attention_backend") >= _count(dit, "JointTransformerBlock")  # its SDPA calls: math on a CPU
+    assert counts == {
         "canonicalize_attention": 0, "fuse_geglu": 0, "fuse_group_norm_silu": 0,
         "fuse_adaln_modulation": 4 * _count(dit, "JointTransformerBlock"),
         "channels_last_convs": 1,  # the patch embedding

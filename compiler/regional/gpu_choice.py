@@ -1,0 +1,27 @@
+"""Which of the region choice's shortcuts hold on a device, and which do not on CUDA.
+
+The region choice (compiler/regional/region_choice.py) saves lowerings with two shortcuts that were
+measured on a CPU, where the host does the work: a block class judged by its first regions
+(`ClassVerdicts`), and a block whose graph has nothing for Inductor to fuse run as captured
+(compiler/regional/fusible.py). On CUDA neither is taken (EVERY_REGION_MEASURED): every region,
+ResNet and Down/Upsample blocks included, is lowered and measured by the GPU's own time
+(compiler/regional/gpu_time.py). On SDXL at 1024 on an H200 (2026-11-27) the class rule kept all 13
+ResNet regions eager after one of them measured 0.85x by the host's wall clock on a host-bound
+machine, and the verdict of nothing to fuse kept the 4 Down/Upsample regions eager without a measure;
+Inductor's fusion of a convolution's neighbours (bias, norm, activation, the residual add, the layout
+copies around it) is GPU work a step no longer does, which only a GPU clock sees.
+"""
+from __future__ import annotations
+
+EVERY_REGION_MEASURED = frozenset({"cuda"})  # devices where each region is measured, none judged by a shortcut
+
+
+def judged_by_class(device: str) -> bool:
+    """Whether a region on `device` may be decided eager by the verdict of its block class."""
+    return device not in EVERY_REGION_MEASURED
+
+
+def runs_as_captured_when_idle(device: str) -> bool:
+    """Whether a graph with nothing for Inductor to fuse runs as captured on `device` (else it is
+    lowered, and its region measured like any other)."""
+    return device not in EVERY_REGION_MEASURED
