@@ -35,6 +35,7 @@ from .backend.context import CompileUnit, ModelContext
 from .backend.dynamo_backend import KilnBackend
 from .regional.blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
+from .host_layers import stand_ins
 from .shapes.cuda_graph_budget import CudaGraphBudget
 from .method import label_of
 from .passes import Progress
@@ -149,7 +150,7 @@ class KilnModel(torch.nn.Module):
             mark_batch_and_resolution_dynamic(args, kwargs)
         backend = self._backend
         backend.progress = self.progress
-        with dynamo.no_fake_dispatch_cache(self.plan.compile.symbolic_sizes):  # a faster capture (its docstring says when)
+        with dynamo.no_fake_dispatch_cache(self.plan.compile.symbolic_sizes), stand_ins(module):  # host_layers.py
             return backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs),
                                self._fall_back)
 

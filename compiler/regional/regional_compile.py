@@ -52,6 +52,7 @@ from .. import cpu
 from ..backend.context import CompileUnit, ModelContext
 from ..backend.dynamo_backend import KilnBackend, device_type_of, lowering_options
 from ..cache import choice_fields
+from ..host_layers import stand_ins
 from ..options.compile_options import CompileOptions
 from ..passes import Progress
 from ..shapes.inputs import contiguous_inputs, model_latent, tensors_in
@@ -320,10 +321,11 @@ class CompiledRegion:
                         dynamo.allow_any_sizes(tensor)
 
         def call():
-            if not any(carries_position(v) for v in (*args, *kwargs.values())):
-                return self.compiled(block, *args, **kwargs)  # no position to hide: the common case, kept short
-            with positions_hidden(args, kwargs) as (given_args, given_kwargs):
-                return self.compiled(block, *given_args, **given_kwargs)
+            with stand_ins(block):  # the host's layers TorchDynamo cannot trace run their traceable forward
+                if not any(carries_position(v) for v in (*args, *kwargs.values())):
+                    return self.compiled(block, *args, **kwargs)  # no position to hide: the common case, kept short
+                with positions_hidden(args, kwargs) as (given_args, given_kwargs):
+                    return self.compiled(block, *given_args, **given_kwargs)
 
         return self.backend.run(call, lambda: module_calls.call_module_body(block, *args, **kwargs), self._fall_back)
 
