@@ -52,8 +52,12 @@ def scaled_mm_fits(device: torch.device, dtype: torch.dtype, K: int, N: int) -> 
             and N % SCALED_MM_ALIGN == 0 and fp8_tensor_cores(device.index or 0))
 
 
-@torch.compiler.assume_constant_result
 def fp8_tensor_cores(device_index: int) -> bool:
     """The CUDA device has fp8 tensor cores (sm_89+). Read while TorchDynamo captures a layer: a constant of
     the graph (a device does not change its capability), not a call it would have to trace."""
     return hasattr(torch, "_scaled_mm") and torch.cuda.get_device_capability(device_index) >= FP8_MIN_CAPABILITY
+
+
+# what torch.compiler.assume_constant_result(fn) does (checked: torch 2.13), set here without calling it:
+# that call imports TorchDynamo, and so Triton, when Kiln is imported
+fp8_tensor_cores._dynamo_marked_constant = True
