@@ -116,9 +116,17 @@ class QuantLinear(_QuantLayer):
         self._init_quant(scheme, weight, scale, bias)
         self.gemm: Optional[str] = None  # rowwise_linear's GEMM for this layer where it has one, else None
         if scheme.quantizes_activations:  # the weight's scale as the GEMM's epilogue takes it: (1, N), fp32
-            self.register_buffer("scale_b", self.weight_scale.reshape(-1).expand(self.out_features)
-                                 .reshape(1, self.out_features).contiguous(), persistent=False)
+            self.register_buffer("scale_b", self._scale_row(), persistent=False)
         self._placed()
+
+    def _scale_row(self) -> torch.Tensor:
+        return self.weight_scale.float().reshape(-1).expand(self.out_features).reshape(1, self.out_features).contiguous()
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        """A state dict loaded into the layer may bring another weight_scale: scale_b follows it."""
+        super()._load_from_state_dict(*args, **kwargs)
+        if self.scheme.quantizes_activations:
+            self.scale_b = self._scale_row()
 
     def _placed(self) -> None:
         if self.scheme.quantizes_activations:

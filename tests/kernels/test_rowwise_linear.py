@@ -162,6 +162,14 @@ def test_the_scales_stay_fp32_and_the_gemm_is_kept_across_a_dtype_cast():
     assert out.dtype == torch.bfloat16
 
 
+def test_scale_b_follows_a_loaded_weight_scale():
+    layer = QuantLinear.from_float(torch.nn.Linear(32, 16), SCHEMES["int8_dynamic"])
+    state = layer.state_dict()
+    state["weight_scale"] = state["weight_scale"] * 2
+    layer.load_state_dict(state)
+    torch.testing.assert_close(layer.scale_b, state["weight_scale"].reshape(1, 16))
+
+
 def test_weight_only_schemes_keep_their_kernel_op():
     layer = QuantLinear.from_float(torch.nn.Linear(32, 16), SCHEMES["int8_weight"])
     assert layer.gemm is None and not hasattr(layer, "scale_b")
