@@ -46,6 +46,7 @@ SCHEMES = {
     "fp8_e4m3": "ComfyUI's fp8 format (fp8 GEMM on RTX 40xx/H100 and newer)",
     "int8_tensorwise": "ComfyUI's int8 format: int8 weights, one scale per tensor (ComfyUI 0.33 loads the file)",
 }
+DEFAULT_SCHEME = "int8_weight"  # Quantize Model's default
 
 # step cache method -> what it skips (compiler/step_cache/decision.py)
 STEP_CACHE_METHODS = {

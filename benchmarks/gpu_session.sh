@@ -15,13 +15,15 @@
 #       torch.profiler kernel table. DRY_RUN=1 prints the commands instead of running them.
 #   bash benchmarks/gpu_session.sh kernel-table [CASE]   # GPU kernels by class: Kiln whole vs torch.compile (sdxl-1024-cfg)
 #   bash benchmarks/gpu_session.sh kernel-records CASE [PASS]  # kernel passes in place, on and off: their decision records
+#   bash benchmarks/gpu_session.sh quant CASE rows [VARIANT,...]  # the suite's quant rows, a process per variant, within 480 s
+#   bash benchmarks/gpu_session.sh quant CASE profile SCHEME      # torch.profiler kernel table of the quantized step
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...] | kernel-table [CASE] | kernel-records CASE [PASS] | graphs sd15-512-cfg|sdxl-1024-cfg|flux-1024"
+usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...] | kernel-table [CASE] | kernel-records CASE [PASS] | graphs sd15-512-cfg|sdxl-1024-cfg|flux-1024 | quant CASE rows [VARIANT,...] | quant CASE profile SCHEME"
 part="${1:-}"
 case "$part ${2:-}" in
-    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|"prompts "|"prompts sdxl"|"prompts flux"|host\ ?*) ;;
+    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|"prompts "|"prompts sdxl"|"prompts flux"|host\ ?*|quant\ ?*) ;;
     kernel-table\ *|kernel-records\ ?*) ;;
     "graphs sd15-512-cfg"|"graphs sdxl-1024-cfg"|"graphs flux-1024") [ $# -eq 2 ] || { echo "$usage" >&2; exit 2; } ;;
     *) echo "$usage" >&2; exit 2 ;;
@@ -40,6 +42,15 @@ if [ "$part" = kernel-table ] || [ "$part" = kernel-records ]; then  # one case 
         [ $# -le 3 ] && [[ "${3:-fuse_geglu}" =~ ^(fuse_geglu|fuse_group_norm_silu|fuse_adaln_modulation)$ ]] \
             || { echo "$usage" >&2; exit 2; }
     fi
+fi
+if [ "$part" = quant ]; then  # a case name (it names the folder), then rows [variants] or profile SCHEME
+    [[ "$2" =~ ^[a-z0-9-]+$ ]] || { echo "$usage" >&2; exit 2; }
+    case "${3:-} $#" in
+        "rows 3") ;;
+        "rows 4") [[ "$4" =~ ^[a-z0-9\ +_,.-]+$ ]] || { echo "$usage" >&2; exit 2; } ;;
+        "profile 4") [[ "$4" =~ ^[a-z0-9_]+$ ]] || { echo "$usage" >&2; exit 2; } ;;
+        *) echo "$usage" >&2; exit 2 ;;
+    esac
 fi
 if [ "$part" = tests ]; then  # only test files and folders of this checkout
     for path in "${@:2}"; do
@@ -115,6 +126,23 @@ case "$part" in
         variants=(); if [ -n "${3:-}" ]; then variants=(--variants "$3"); fi
         python3 -m kiln.benchmarks.host_profile --case "$2" ${variants[@]+"${variants[@]}"} --out "$out" 2>&1 \
             | grep -v pow_by_natural | tee "$out/host-$2.out" ;;
+    quant)  # one case's quantized rows (benchmarks/quant_rows.py) or its kernel profile (benchmarks/quant_profile.py)
+        qout="$out/quant-$2"
+        mkdir -p "$qout"
+        if [ "$3" = profile ]; then
+            timeout 480 python3 -m kiln.benchmarks.quant_profile --case "$2" --scheme "$4" --out "$qout" 2>&1 \
+                | tee "$qout/profile-$2-$4.log"
+            exit "${PIPESTATUS[0]}"
+        fi
+        IFS=, read -r -a qvariants <<< "${4:-kiln default,kiln default + quantize defaults,kiln default + fp8_e4m3,kiln default + int8_dynamic}"
+        end=$((SECONDS + 480))  # every row of the call within 480 s, each in a process of its own (its own peak memory)
+        for variant in "${qvariants[@]}"; do
+            left=$((end - SECONDS))
+            if [ "$left" -lt 30 ]; then echo "quant: 480 s spent; not run: $variant" | tee -a "$qout/quant-$2.log"; continue; fi
+            timeout "$left" python3 -m kiln.benchmarks.quant_rows --case "$2" --variant "$variant" --out "$qout" 2>&1 \
+                | tee -a "$qout/quant-$2.log" || true
+        done
+        python3 -m kiln.benchmarks.quant_rows --case "$2" --compare --out "$qout" | tee "$qout/compare-$2.json" ;;
     prompts)  # seconds per prompt in fresh processes: eager, Kiln, Kiln with background: true (20 steps, 5 s idle)
         model="${2:-sdxl}"
         python3 -m kiln.cli bench --prompts --device cuda --model "$model" --prompt-steps 20 \

@@ -32,6 +32,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..choices import DEFAULT_SCHEME
 from ..compiler.passes import PASSES
 from .kernel_timing import median_ms
 from ..testing.models import MODELS
@@ -94,6 +95,12 @@ VARIANTS: dict[str, Callable] = {
     "kiln balanced + int8_weight": lambda m: _kiln(_quantized(m, "int8_weight"), "balanced"),
     "kiln balanced + int8_dynamic": lambda m: _kiln(_quantized(m, "int8_dynamic"), "balanced"),
     "kiln balanced + fp8_e4m3": lambda m: _kiln(_quantized(m, "fp8_e4m3"), "balanced"),
+    # Quantize Model's defaults (its scheme and layer policy, the GPU's speed rule in it), then Kiln's default
+    # compile; then each W8A8 scheme under Kiln's default (benchmarks/quant_rows.py runs these in processes of
+    # their own, the original model dropped, for their peak memory)
+    "kiln default + quantize defaults": lambda m: _kiln_default(_quantized(m, DEFAULT_SCHEME, defaults=True)),
+    "kiln default + int8_dynamic": lambda m: _kiln_default(_quantized(m, "int8_dynamic")),
+    "kiln default + fp8_e4m3": lambda m: _kiln_default(_quantized(m, "fp8_e4m3")),
 }
 # The quantization targets: at these cases, one of these schemes compiled by Kiln runs at least
 # QUANT_SPEEDUP x faster than Kiln's own compile of the unquantized model, with at most
@@ -118,13 +125,14 @@ def _kiln_default(module):
     return compiler.compile(module)
 
 
-def _quantized(module, scheme):
+def _quantized(module, scheme, defaults: bool = False):
     """The default layer policy; the tiny CPU-check models (under 10M parameters) have every layer under
-    its size threshold, so they quantize every layer the family defaults allow."""
+    its size threshold, so they quantize every layer the family defaults allow (unless `defaults`: Quantize
+    Model's defaults exactly)."""
     from .. import compiler
 
     tiny = sum(p.numel() for p in module.parameters()) < 10_000_000
-    return compiler.quantize(module, scheme, policy="min_params: 0" if tiny else None)
+    return compiler.quantize(module, scheme, policy="min_params: 0" if tiny and not defaults else None)
 
 
 def weight_gb(runner) -> float:

@@ -3,6 +3,7 @@ from .api import compile, stats, wait_lowered
 from .cache import (CACHE_MODES, CacheEntryError, CacheError, CacheLocationError, CacheOptions, CacheOptionsError,
                     CacheStore, CacheTrustError, cache_problem, default_cache_dir, describe_cache, server_cache_dir)
 from .host_inputs import HostInputs, host_inputs, use_host_inputs
+from .host_layers import HostLayers, host_layers, use_host_layers
 from .method import MethodModule, label_of, method_module
 from .options.modes import LOWERINGS, MODES, Lowering
 from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailable_reason
@@ -21,7 +22,8 @@ from .step_cache.first_block_probe import first_block_of, first_block_probed
 from .step_cache.decision import StepCache, StepCacheError, StepCacheOptions, StepCacheReport
 from .step_cache.step_cached_model import StepCachedModel, step_cached
 
-__all__ = ["compile", "stats", "wait_lowered", "HostInputs", "host_inputs", "use_host_inputs", "first_block_of", "first_block_probed", "StepCache", "StepCacheError", "StepCacheOptions",
+__all__ = ["compile", "stats", "wait_lowered", "HostInputs", "host_inputs", "use_host_inputs", "HostLayers", "host_layers",
+           "use_host_layers", "first_block_of", "first_block_probed", "StepCache", "StepCacheError", "StepCacheOptions",
            "StepCacheReport", "StepCachedModel", "step_cached", "CompileOptions", "OptionsError", "ShapePolicyError", "KilnUnavailable", "KilnStats",
            "GraphCompile", "KilnModel", "MethodModule", "method_module", "label_of", "KilnPlan", "model_for", "unavailable_reason", "kernel_note",
            "build_options", "parse_expert_options", "MODES", "LOWERINGS", "Lowering", "PASS_NAMES",

@@ -37,6 +37,7 @@ from .regional.blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
 from .graphs.fidelity_guard import region_check
 from .graphs.for_model import graphs_for_model
+from .host_layers import stand_ins
 from .shapes.cuda_graph_budget import CudaGraphBudget
 from .method import label_of
 from .passes import Progress
@@ -158,7 +159,8 @@ class KilnModel(torch.nn.Module):
         backend.progress = self.progress
         # with whole-call graphs: the compiled model's first call at each input signature against eager (compiler/graphs)
         check = region_check(self._whole_call.guard, WHOLE_MODEL, args, kwargs) if self._whole_call is not None else None
-        with dynamo.no_fake_dispatch_cache(self.plan.compile.symbolic_sizes):  # a faster capture (its docstring says when)
+        # a faster capture (dynamo.no_fake_dispatch_cache's docstring says when); ComfyUI's layers traceable (host_layers.py)
+        with dynamo.no_fake_dispatch_cache(self.plan.compile.symbolic_sizes), stand_ins(module):
             out = backend.run(lambda: compiled(module, *args, **kwargs), lambda: module(*args, **kwargs),
                               self._fall_back)
         if check is not None and not self.stats.fallback:

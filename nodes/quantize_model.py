@@ -42,7 +42,8 @@ class KilnQuantizeModel:
             "optional": {
                 "policy": ("STRING", {"multiline": True, "default": "", "tooltip":
                            "YAML: keep: [layer patterns kept in high precision], quantize: [patterns forced in], "
-                           "min_params: 16384, convs: true"}),
+                           "min_params: 16384, convs: true, gpu_rule: auto (on a GPU, layers whose quantized GEMM would not be "
+                           "faster there stay in high precision; none: quantize them anyway)"}),
                 "calibration_steps": ("INT", {"default": 0, "min": 0, "max": 50, "tooltip":
                                       "denoising steps run on positive + latent to measure each layer's error; "
                                       "layers above error_threshold stay in high precision (0: off)"}),

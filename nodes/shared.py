@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ..choices import CACHE_MODES, COMPILE_MODES, DEFAULT_MODE, SCHEMES, tooltip
+from ..choices import CACHE_MODES, COMPILE_MODES, DEFAULT_MODE, DEFAULT_SCHEME, SCHEMES, tooltip
 from . import plan_wrapper
 
 log = logging.getLogger("kiln")
@@ -27,7 +27,7 @@ def cache_mode_widget() -> tuple:
 
 
 def scheme_widget() -> tuple:
-    return (list(SCHEMES), {"default": "int8_weight", "tooltip": tooltip(SCHEMES)})
+    return (list(SCHEMES), {"default": DEFAULT_SCHEME, "tooltip": tooltip(SCHEMES)})
 
 
 def eager(thing, reason: str, what: str = ""):

@@ -1,7 +1,12 @@
 """Quantized layers: a Linear or Conv2d whose weight is stored quantized, with its scale beside it.
 
-`QuantLinear` runs its scheme's kiln:: op (the dequantization or the activation quantization
-fused into the GEMM); `QuantConv2d` dequantizes its weight and runs the convolution (weight-only:
+`QuantLinear` of a scheme that quantizes activations (int8_dynamic, fp8_e4m3) runs
+kernels/quant/rowwise_linear.py in plain torch ops where that file has a GEMM for the layer
+(`gemm`, decided when the layer is built or moved, never per call): the activation quantization
+per row, torch._scaled_mm / torch._int_mm, the scales (its weight scale broadcast to (1, N) once,
+`scale_b`) and the bias, all traced, so Inductor fuses the quantization into the op before. Elsewhere,
+and for the weight-only schemes, it runs its scheme's kiln:: op (the dequantization fused into a
+Triton GEMM); `QuantConv2d` dequantizes its weight and runs the convolution (weight-only:
 Kiln has no int8 convolution kernel; under Inductor the dequantization is one fused pointwise
 kernel feeding the convolution). Both are plain modules TorchDynamo traces: a compiled model sees
 the kiln:: ops and one graph still serves every batch and resolution.
@@ -24,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import kernels  # noqa: F401  registers the kiln:: GEMM ops the layers call
+from ...kernels.quant.rowwise_linear import gemm_for, rowwise_linear
 from .scheme import SCHEMES, Scheme, _broadcast
 
 log = logging.getLogger("kiln")
@@ -63,10 +69,10 @@ class _QuantLayer(torch.nn.Module):
             return stored
         self.weight = torch.nn.Parameter(stored.to(self.weight.device), requires_grad=False)
 
-    def _on_device_of(self, x: torch.Tensor) -> tuple:
-        """(weight, scale, bias) on x's device. A host that leaves some layers on another device
-        (ComfyUI's low-VRAM partial loading) gets them copied for each call, said once."""
-        tensors = (self.weight, self.weight_scale, self.bias)
+    def _on_device_of(self, x: torch.Tensor, names: tuple = ("weight", "weight_scale", "bias")) -> tuple:
+        """The tensors `names` (default: weight, scale, bias) on x's device. A host that leaves some layers
+        on another device (ComfyUI's low-VRAM partial loading) gets them copied for each call, said once."""
+        tensors = tuple(getattr(self, name) for name in names)
         if self.weight.device == x.device:
             return tensors
         _say_once(f"Kiln: quantized layers are on {self.weight.device} and their input on {x.device}: their weights are "
@@ -85,13 +91,19 @@ class _QuantLayer(torch.nn.Module):
     def _apply(self, fn, recurse=True):
         """Moves between devices; a dtype cast (model.half(), .to(bf16)) must not touch the stored
         weight or its scale (float8 counts as floating point to torch)."""
-        stored, scale = self.weight.dtype, self.weight_scale.dtype
+        stored = self.weight.dtype
         super()._apply(fn, recurse)
         if self.weight.dtype != stored:
             self.weight = torch.nn.Parameter(self.weight.data.to(stored), requires_grad=False)
-        if self.weight_scale.dtype != scale:
-            self.weight_scale = self.weight_scale.to(scale)
+        for name in ("weight_scale", "scale_b"):
+            scale = getattr(self, name, None)
+            if scale is not None and scale.dtype != torch.float32:
+                setattr(self, name, scale.to(torch.float32))
+        self._placed()
         return self
+
+    def _placed(self) -> None:
+        """Called when the layer is built and after each move: what depends on its device."""
 
 
 class QuantLinear(_QuantLayer):
@@ -102,6 +114,23 @@ class QuantLinear(_QuantLayer):
         assert weight.dim() == 2, f"a Linear weight is (out, in), got {tuple(weight.shape)}"
         self.out_features, self.in_features = weight.shape
         self._init_quant(scheme, weight, scale, bias)
+        self.gemm: Optional[str] = None  # rowwise_linear's GEMM for this layer where it has one, else None
+        if scheme.quantizes_activations:  # the weight's scale as the GEMM's epilogue takes it: (1, N), fp32
+            self.register_buffer("scale_b", self._scale_row(), persistent=False)
+        self._placed()
+
+    def _scale_row(self) -> torch.Tensor:
+        return self.weight_scale.float().reshape(-1).expand(self.out_features).reshape(1, self.out_features).contiguous()
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        """A state dict loaded into the layer may bring another weight_scale: scale_b follows it."""
+        super()._load_from_state_dict(*args, **kwargs)
+        if self.scheme.quantizes_activations:
+            self.scale_b = self._scale_row()
+
+    def _placed(self) -> None:
+        if self.scheme.quantizes_activations:
+            self.gemm = gemm_for(self.weight.dtype, self.weight.device, self.in_features, self.out_features)
 
     @classmethod
     def from_float(cls, linear: torch.nn.Linear, scheme: Scheme, out_device=None) -> "QuantLinear":
@@ -111,6 +140,9 @@ class QuantLinear(_QuantLayer):
                    None if bias is None else bias.detach().to(out_device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemm is not None:
+            weight, scale_b, bias = self._on_device_of(x, ("weight", "scale_b", "bias"))
+            return rowwise_linear(x, weight.t(), scale_b, bias, self.gemm)
         weight, scale, bias = self._on_device_of(x)
         return self.scheme.linear()(x, weight, scale, bias)
 

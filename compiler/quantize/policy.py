@@ -8,7 +8,11 @@ matters most and costs least:
 - convolutions when `convs` is false, and always under fp8_e4m3 and int8_tensorwise (ComfyUI's
   formats have Linear layers only, and a Kiln file in ComfyUI's format must load in stock ComfyUI);
 - names matching a `keep` pattern. A `quantize` pattern forces a layer in, over the defaults and
-  the size threshold (never over the ComfyUI formats' rule).
+  the size threshold (never over the ComfyUI formats' rule);
+- on a GPU, layers whose quantized GEMM would not be faster there (`gpu_rule`: speed_rule.py's size
+  rule for the GPU class: small or odd-shaped GEMMs, projections that feed norms, convolutions).
+  "auto" (the default, also Quantize Model's) applies the rule of the CUDA GPU present and none on a
+  CPU; "none" never applies one; "sm_90" (any GPU class) applies that class's rule anywhere.
 
 Patterns are fnmatch patterns over the layer's full dotted name ("output_blocks.*.proj_out");
 "out" matches only the top-level layer called out. A YAML override:
@@ -17,18 +21,22 @@ Patterns are fnmatch patterns over the layer's full dotted name ("output_blocks.
     quantize: ["time_embed.*"]
     min_params: 0
     convs: false
+    gpu_rule: none
 """
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from ..options.option_text import parse_mapping_text, shorten
 from .scheme import QuantizeError, Scheme
+from .speed_rule import GemmSpeedRule, gpu_class, rule_for
+
+GPU_RULE_AUTO, GPU_RULE_NONE = "auto", "none"
 
 # family -> [(pattern, reason)]. The family is found from the model's own layer names.
 FAMILY_KEEP: dict[str, list[tuple[str, str]]] = {
@@ -74,13 +82,15 @@ def detect_family(module: torch.nn.Module) -> str:
 class LayerPolicy:
     """keep / quantize: extra fnmatch patterns of layer names; min_params: layers with fewer weights
     stay in high precision; convs: quantize Conv2d layers (weight-only); family: "auto" (found from
-    the layer names) or a FAMILY_KEEP key."""
+    the layer names) or a FAMILY_KEEP key; gpu_rule: "auto", "none", a GPU class ("sm_90") or a
+    GemmSpeedRule record (speed_rule.py: which layers pay quantized on that GPU)."""
 
     keep: tuple[str, ...] = ()
     quantize: tuple[str, ...] = ()
     min_params: int = 16384
     convs: bool = True
     family: str = "auto"
+    gpu_rule: Union[str, GemmSpeedRule] = GPU_RULE_AUTO
 
     def __post_init__(self):
         for key in ("keep", "quantize"):  # one pattern alone may be given as text
@@ -95,9 +105,22 @@ class LayerPolicy:
             raise QuantizeError(f"layer policy convs must be true or false, got {shorten(self.convs)}")
         if not isinstance(self.family, str) or (self.family != "auto" and self.family not in FAMILY_KEEP):
             raise QuantizeError(f"layer policy family {shorten(self.family)} is unknown; use auto or one of {', '.join(FAMILY_KEEP)}")
+        if not isinstance(self.gpu_rule, GemmSpeedRule) and self.gpu_rule not in (GPU_RULE_AUTO, GPU_RULE_NONE):
+            rule_for(self.gpu_rule)  # a GPU class's name, else a QuantizeError naming the field
 
-    def decide(self, name: str, layer: torch.nn.Module, scheme: Scheme, family: str) -> Optional[str]:
-        """None to quantize `layer`, else the reason it stays in high precision."""
+    def speed_rule(self) -> Optional[GemmSpeedRule]:
+        """The rule `gpu_rule` asks for: "auto" the present CUDA GPU's (none on a CPU), "none" none."""
+        if isinstance(self.gpu_rule, GemmSpeedRule):
+            return self.gpu_rule
+        if self.gpu_rule == GPU_RULE_NONE:
+            return None
+        name = gpu_class() if self.gpu_rule == GPU_RULE_AUTO else self.gpu_rule
+        return rule_for(name) if name else None
+
+    def decide(self, name: str, layer: torch.nn.Module, scheme: Scheme, family: str,
+               speed: Optional[tuple[GemmSpeedRule, int, str]] = None) -> Optional[str]:
+        """None to quantize `layer`, else the reason it stays in high precision. `speed`: (the GPU's rule,
+        the rows the layer's GEMM sees at the reference size, which rows), checked last."""
         is_conv = isinstance(layer, torch.nn.Conv2d)
         if is_conv and scheme.comfyui_format:
             return f"convolution (ComfyUI's {scheme.file_format} format has Linear layers only)"
@@ -112,11 +135,15 @@ class LayerPolicy:
             return "convolution (policy convs: false)"
         if layer.weight.numel() < self.min_params:
             return f"small (< {self.min_params} weights)"
+        if speed is not None:
+            rule, rows, rows_why = speed
+            return rule.keeps(layer, rows, rows_why, weight_only=not scheme.quantizes_activations)
         return None
 
     def as_dict(self) -> dict:
+        rule = self.gpu_rule.as_dict() if isinstance(self.gpu_rule, GemmSpeedRule) else self.gpu_rule
         return {"keep": list(self.keep), "quantize": list(self.quantize), "min_params": self.min_params,
-                "convs": self.convs, "family": self.family}
+                "convs": self.convs, "family": self.family, "gpu_rule": rule}
 
 
 def _matches(name: str, patterns) -> bool:

@@ -13,6 +13,7 @@ from .layers import QuantConv2d, QuantLinear, quantized_layers
 from .policy import LayerPolicy, detect_family, parse_policy
 from .report import QuantReport
 from .scheme import QuantizeError, Scheme, scheme_named
+from .speed_rule import IMAGE_ROWS, rows_at_reference
 
 log = logging.getLogger("kiln")
 
@@ -87,9 +88,16 @@ def quantize(module: torch.nn.Module, options: Union[QuantizeOptions, str, Schem
     report = QuantReport(scheme=scheme.name, family=family, policy=policy.as_dict(), bytes_before=_bytes(module))
 
     layers = [(name, m) for name, m in module.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
+    rule = policy.speed_rule()
+    rows = rows_at_reference(module, family) if rule is not None else {}
+    if rule is not None:
+        report.notes.append(f"GPU rule {rule.gpu_class} (min {rule.min_macs:.2g} MACs at the reference size, N and K "
+                            f"multiples of {rule.align}; {rule.source}): layers whose quantized GEMM would not be "
+                            f"faster there stay in high precision (layer policy gpu_rule: none quantizes them)")
     twins: dict[str, torch.nn.Module] = {}
     for done, (name, layer) in enumerate(layers, 1):
-        reason = policy.decide(name, layer, scheme, family)
+        speed = None if rule is None else (rule, *rows.get(name, (0, IMAGE_ROWS)))
+        reason = policy.decide(name, layer, scheme, family, speed)
         if reason is None and isinstance(layer, torch.nn.Conv2d) and layer.padding_mode != "zeros":
             reason = f"convolution with padding_mode {layer.padding_mode!r}"
         if reason is None:

@@ -8,10 +8,11 @@ layers, and which key marks its layers in a saved file. Nothing here touches a m
                   precision and the GEMM dequantizes the weight tile (kiln::int8_weight_linear).
     int8_dynamic  the same weights; activations quantized per token at run time (amax/127) and
                   an int8 x int8 -> int32 GEMM with both scales and the bias in its epilogue
-                  (kiln::int8_dynamic_linear).
+                  (kernels/quant/rowwise_linear.py, traceable; kiln::int8_dynamic_linear where it has no GEMM).
     fp8_e4m3      float8_e4m3fn weights, one per-tensor scale = amax/448: ComfyUI 0.8's own
-                  format (comfy/quant_ops.py), so stock ComfyUI loads Kiln's files
-                  (kiln::fp8_weight_linear).
+                  format (comfy/quant_ops.py), so stock ComfyUI loads Kiln's files; activations
+                  quantized per row to e4m3 at run time (rowwise_linear.py: torch._scaled_mm on
+                  sm_89+; kiln::fp8_weight_linear, weight-only, where it has no GEMM).
     int8_tensorwise  int8 weights, one per-tensor scale = amax/127, weight-only like int8_weight
                   (kiln::int8_weight_linear): ComfyUI's own int8 format (0.33 has it, 0.8 does not),
                   so a ComfyUI that lists it loads Kiln's files.
@@ -47,6 +48,7 @@ class Scheme:
     file_format: str
     file_key: str
     readers: str
+    quantizes_activations: bool = False  # W8A8: activations quantized per row at run time (rowwise_linear.py)
 
     @property
     def comfyui_format(self) -> bool:
@@ -104,9 +106,10 @@ def _rounding_noise(scaled: torch.Tensor, storage: torch.dtype, seed: int) -> to
 KILN_ONLY = "Kiln only (Kiln's own per-channel format)"
 SCHEMES: dict[str, Scheme] = {s.name: s for s in (
     Scheme("int8_weight", torch.int8, True, "int8_weight_linear", "kiln_int8_weight", "kiln_quant", KILN_ONLY),
-    Scheme("int8_dynamic", torch.int8, True, "int8_dynamic_linear", "kiln_int8_dynamic", "kiln_quant", KILN_ONLY),
+    Scheme("int8_dynamic", torch.int8, True, "int8_dynamic_linear", "kiln_int8_dynamic", "kiln_quant", KILN_ONLY,
+           quantizes_activations=True),
     Scheme("fp8_e4m3", torch.float8_e4m3fn, False, "fp8_weight_linear", "float8_e4m3fn", "comfy_quant",
-           "ComfyUI 0.8.0 and newer (stock loader) and Kiln"),
+           "ComfyUI 0.8.0 and newer (stock loader) and Kiln", quantizes_activations=True),
     Scheme("int8_tensorwise", torch.int8, False, "int8_weight_linear", "int8_tensorwise", "comfy_quant",
            "ComfyUI with int8_tensorwise (0.33.0 has it; 0.8.0 does not) and Kiln"),
 )}

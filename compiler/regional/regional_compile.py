@@ -53,6 +53,7 @@ from ..backend.context import CompileUnit, ModelContext
 from ..backend.dynamo_backend import KilnBackend, device_type_of, lowering_options
 from ..cache import choice_fields
 from ..graphs.fidelity_guard import region_check
+from ..host_layers import stand_ins
 from ..options.compile_options import CompileOptions
 from ..passes import Progress
 from ..shapes.inputs import contiguous_inputs, model_latent, tensors_in
@@ -323,10 +324,11 @@ class CompiledRegion:
                         dynamo.allow_any_sizes(tensor)
 
         def call():
-            if not any(carries_position(v) for v in (*args, *kwargs.values())):
-                return self.compiled(block, *args, **kwargs)  # no position to hide: the common case, kept short
-            with positions_hidden(args, kwargs) as (given_args, given_kwargs):
-                return self.compiled(block, *given_args, **given_kwargs)
+            with stand_ins(block):  # the host's layers TorchDynamo cannot trace run their traceable forward
+                if not any(carries_position(v) for v in (*args, *kwargs.values())):
+                    return self.compiled(block, *args, **kwargs)  # no position to hide: the common case, kept short
+                with positions_hidden(args, kwargs) as (given_args, given_kwargs):
+                    return self.compiled(block, *given_args, **given_kwargs)
 
         # compiler/graphs/fidelity_guard.py: its first compiled call at each input signature against eager
         check = region_check(self.fidelity, self.region.name, args, kwargs) \

@@ -1,6 +1,13 @@
 """Weight-only fp8 Linear (kiln::fp8_weight_linear): ComfyUI's fp8 weights, float8 e4m3 with one scale
 per tensor, activations in high precision.
 
+Why it is still a custom op: Kiln's fp8_e4m3 layers run rowwise_linear.py (traceable rowwise activation
+quantization and torch._scaled_mm, which Inductor fuses with the ops around it) wherever torch._scaled_mm
+takes the layer: CUDA sm_89+ with K and N multiples of 16, and the CPU's reference. This op serves the
+rest, which no traced fp8 GEMM takes: CUDA before sm_89 and odd K or N, where the Triton weight-only
+kernel (or a dequantized F.linear) must run as one opaque call. Its "scaled_mm" path below (per-tensor
+activation scale, a global amax per call) remains for callers of the op itself.
+
     fp8_weight_linear(x (..., K) float, weight (N, K) float8_e4m3fn, scale () or (1,) float32, bias)
         -> (..., N) in x.dtype = (x @ weight.T) * scale + bias
 

@@ -1,6 +1,11 @@
 """W8A8 Linear: int8 weights and int8 activations quantized per token at run time
 (kiln::int8_dynamic_linear), over an int8 x int8 -> int32 GEMM with a scaling epilogue (kiln::int8_mm_scaled).
 
+Why it is still a custom op: Kiln's int8_dynamic layers run rowwise_linear.py (the same math in
+traceable torch ops over torch._int_mm) wherever torch._int_mm takes the layer (the CPU; CUDA with K and
+N multiples of 8). This op serves CUDA layers with other K or N, through its Triton GEMM (which takes
+any shape), and it is the autotuned Triton GEMM that torch._int_mm is measured against.
+
     int8_dynamic_linear(x (..., K) float, weight (N, K) int8, weight_scale (N,) float32, bias (N,) | None)
         -> (..., N) in x.dtype
         = int8_mm_scaled(*quantize_per_token(x.reshape(-1, K)), weight, weight_scale, bias, x.dtype)

@@ -19,7 +19,13 @@ def test_script_parses():
                                   ["host", "../../tmp/x"], ["host", "sd15 512"],
                                   ["prompts", "sd99"], ["prompts", "sdxl", "extra"],
                                   ["graphs"], ["graphs", "sd99"], ["graphs", "vae-decode-1024"],
-                                  ["graphs", "sd15-512-cfg", "extra"]])
+                                  ["graphs", "sd15-512-cfg", "extra"],
+                                  ["quant"], ["quant", "sdxl-1024-cfg"], ["quant", "../x", "rows"],
+                                  ["quant", "sdxl-1024-cfg", "sideways"], ["quant", "sdxl-1024-cfg", "profile"],
+                                  ["quant", "sdxl-1024-cfg", "profile", "fp8; rm -rf /"],
+                                  ["quant", "sdxl-1024-cfg", "profile", "fp8_e4m3", "extra"],
+                                  ["quant", "sdxl-1024-cfg", "rows", "kiln default;ls"],
+                                  ["quant", "sdxl-1024-cfg", "rows", "kiln default", "extra"]])
 def test_wrong_parts_are_refused_with_the_usage(args, tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path)))
     assert done.returncode == 2 and done.stderr.startswith("usage: gpu_session.sh tests")
@@ -77,3 +83,13 @@ def test_the_kernel_parts_run_their_tool_under_a_time_limit(args, command, tmp_p
                           cwd=SCRIPT.parents[1])
     assert done.returncode == 0, done.stderr
     assert calls.read_text().splitlines()[-1] == command.format(out=out)
+
+
+@pytest.mark.parametrize("args", [["quant", "sdxl-1024-cfg", "rows"], ["quant", "flux-1024", "profile", "fp8_e4m3"],
+                                  ["quant", "sd15-512-cfg", "rows", "kiln default,kiln default + fp8_e4m3"]])
+def test_the_quant_part_takes_its_arguments(args):
+    """The part's own argument check passes these (the script then needs a CUDA machine: checked up to there)."""
+    check = SCRIPT.read_text().split('out="${OUT:-')[0]  # the script's argument checks, before it makes a folder
+    done = subprocess.run(["bash", "-c", check + "\necho accepted", "gpu_session.sh", *args], capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "accepted", done.stderr
