@@ -9,13 +9,15 @@
 #   bash benchmarks/gpu_session.sh cache                 # kiln bench --cache at SDXL size: restart cost, cold vs warm
 #   bash benchmarks/gpu_session.sh prompts [sdxl|flux]   # kiln bench --prompts: the first prompts, regions lowered in the background or not
 #   bash benchmarks/gpu_session.sh host CASE [VARIANT,...]   # where a step's host time goes: launches, syncs, cProfile
+#   bash benchmarks/gpu_session.sh comfyui sd15|sdxl|flux [default|fp8] [GB]   # Kiln in ComfyUI (the bundle in .comfy-bundle/,
+#                                                        #   docs/comfyui-gpu.md): the example workflows' rows, one model; GB caps CUDA memory
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...]"
+usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...] | comfyui sd15|sdxl|flux [default|fp8] [GB]"
 part="${1:-}"
 case "$part ${2:-}" in
-    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|"prompts "|"prompts sdxl"|"prompts flux"|host\ ?*) ;;
+    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|"prompts "|"prompts sdxl"|"prompts flux"|host\ ?*|"comfyui sd15"|"comfyui sdxl"|"comfyui flux") ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
 if [ "$part" = shapes ]; then  # the model: SDXL unless named
@@ -24,6 +26,10 @@ fi
 if [ "$part" = prompts ] && [ $# -gt 2 ]; then echo "$usage" >&2; exit 2; fi
 if [ "$part" = host ]; then  # a case name (it names the output file): letters, digits and dashes
     [[ "$2" =~ ^[a-z0-9-]+$ ]] || { echo "$usage" >&2; exit 2; }
+fi
+if [ "$part" = comfyui ]; then  # weights as loaded (fp8: ComfyUI casts them as it loads), a memory cap in GiB
+    case "${3:-}" in ""|default|fp8) ;; *) echo "$usage" >&2; exit 2 ;; esac
+    [[ "${4:-}" =~ ^([0-9]+(\.[0-9]+)?)?$ ]] && [ $# -le 4 ] || { echo "$usage" >&2; exit 2; }
 fi
 if [ "$part" = tests ]; then  # only test files and folders of this checkout
     for path in "${@:2}"; do
@@ -90,6 +96,22 @@ case "$part" in
         model="${2:-sdxl}"
         python3 -m kiln.cli bench --prompts --device cuda --model "$model" --prompt-steps 20 \
             --json "$out/prompts-$model.json" 2>&1 | tee "$out/prompts-$model.log" ;;
+    comfyui)  # ComfyUI from the bundle (comfy_bundle.py): its tree unpacked, its wheels installed beside the machine's
+        bundle="${COMFY_BUNDLE:-.comfy-bundle}"
+        [ -f "$bundle/comfyui.tar.xz" ] || { echo "no ComfyUI bundle in $bundle (docs/comfyui-gpu.md)" >&2; exit 2; }
+        comfy_root="${TMPDIR:-/tmp}/kiln-comfyui"
+        rm -rf "$comfy_root" && mkdir -p "$comfy_root"
+        python3 -m tarfile -e "$bundle/comfyui.tar.xz" "$comfy_root"
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$comfy_root/site" "$bundle"/wheels/*.whl
+        export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$comfy_root/site"
+        model="$2" weights="${3:-default}" tag="$2"
+        args=(--model "$model" --device cuda --steps 8)
+        if [ "$model" != flux ] || [ "$weights" = fp8 ]; then args+=(--via-file --weight-dtype "$weights"); fi
+        if [ "$weights" = fp8 ]; then tag+="-fp8"; fi
+        if [ -n "${4:-}" ]; then args+=(--memory-gb "$4"); tag+="-${4}gb"; fi
+        mkdir -p "$out/comfyui"
+        timeout 480 python3 -m kiln.benchmarks.comfy_workflows --comfyui "$comfy_root/ComfyUI" "${args[@]}" --tag "$tag" \
+            --out "$out/comfyui" 2>&1 | tee "$out/comfyui/run-$tag.out" ;;
     cache)  # time to first step in fresh processes: Kiln cold, Kiln warm from its cache, torch.compile cold and warm
         python3 -m kiln.cli bench --cache --device cuda --model sdxl --json "$out/cache-sdxl.json" 2>&1 \
             | tee "$out/cache-sdxl.log" ;;

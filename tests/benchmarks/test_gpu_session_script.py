@@ -22,3 +22,11 @@ def test_wrong_parts_are_refused_with_the_usage(args, tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path)))
     assert done.returncode == 2 and done.stderr.startswith("usage: gpu_session.sh tests")
     assert not any(tmp_path.iterdir())  # nothing ran
+
+
+@pytest.mark.parametrize("args", [["comfyui"], ["comfyui", "sd99"], ["comfyui", "sd15", "int4"],
+                                  ["comfyui", "flux", "fp8", "16GB"], ["comfyui", "sdxl", "default", "16", "extra"]])
+def test_wrong_comfyui_parts_are_refused_with_the_usage(args, tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path)))
+    assert done.returncode == 2 and "comfyui sd15|sdxl|flux" in done.stderr
+    assert not any(tmp_path.iterdir())  # nothing ran
