@@ -142,13 +142,15 @@ def build_model(args, log=print):
 
     config = getattr(comfy.supported_models, FAMILY[args.model].config_class)(dict(UNET_CONFIGS[args.model, args.size]))
     config.set_inference_dtype(dtype_of(args), None)
-    device = mm.get_torch_device()
+    device, offload = mm.get_torch_device(), mm.unet_offload_device()
     torch.manual_seed(0)
-    model = config.get_model({}, device=device)
-    model.diffusion_model.to(device=device, dtype=dtype_of(args))
+    # built where ComfyUI's loader puts a model (its offload device: ComfyUI moves it to the GPU as memory
+    # allows, so a memory cap holds from the start); the random values are drawn on the device
+    model = config.get_model({}, device=offload)
+    model.diffusion_model.to(dtype=dtype_of(args))
     with torch.no_grad():
         for p in model.diffusion_model.parameters():   # ComfyUI's ops leave weights uninitialised
-            p.normal_(0, 0.02)
+            p.copy_(torch.empty(p.shape, dtype=p.dtype, device=device).normal_(0, 0.02))
     if args.via_file:
         import comfy.sd
         import safetensors.torch
@@ -161,7 +163,7 @@ def build_model(args, log=print):
         log(f"loaded back through comfy.sd.load_diffusion_model: {type(patcher.model).__name__}, {path.stat().st_size / 2**30:.1f} GiB")
         path.unlink()
         return patcher
-    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=mm.unet_offload_device())
+    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=offload)
 
 
 def conditioning(args, batch: int = 1):
