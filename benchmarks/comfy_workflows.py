@@ -499,15 +499,22 @@ def main(argv=None) -> int:
                 "memory_gb": args.memory_gb, "reserve_vram": args.reserve_vram, "via_file": args.via_file,
                 "weight_dtype": args.weight_dtype}
     log(json.dumps(settings))
+    result = {"settings": settings, "rows": [], "checks": [], "cold_starts": []}
+
+    def save(part: str, value) -> None:   # after each part: a run cut short keeps what it measured
+        result[part] = value
+        if args.device == "cuda":
+            result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str))
+
     with torch.inference_mode():
         base = build_model(args, log)
         rows, models = run_rows(args, base, log)
-        checks = [] if args.no_checks else run_checks(args, models, log)
-    cold = [] if args.no_cold else cold_starts(args, log)
-    result = {"settings": settings, "rows": rows, "checks": checks, "cold_starts": cold}
-    if args.device == "cuda":
-        result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str))
+        save("rows", rows)
+        if not args.no_checks:
+            save("checks", run_checks(args, models, log))
+    if not args.no_cold:
+        save("cold_starts", cold_starts(args, log))
     log(f"wrote {args.out / stem}.json")
     return 0
 
