@@ -67,13 +67,13 @@ UNET_CONFIGS = {
                            channel_mult=[1, 2, 4], transformer_depth=[0, 0, 2, 2, 10, 10],
                            transformer_depth_output=[0, 0, 0, 2, 2, 2, 10, 10, 10], transformer_depth_middle=10,
                            use_spatial_transformer=True, legacy=False, use_linear_in_transformer=True, context_dim=2048,
-                           num_heads=-1, num_head_channels=64, adm_in_channels=2816, use_temporal_resblock=False,
+                           num_heads=-1, num_head_channels=64, adm_in_channels=2816, num_classes="sequential", use_temporal_resblock=False,
                            use_temporal_attention=False),
     ("sdxl", "tiny"): dict(image_size=32, in_channels=4, out_channels=4, model_channels=32, num_res_blocks=[1, 1],
                            channel_mult=[1, 2], transformer_depth=[0, 1], transformer_depth_output=[0, 0, 1, 1],
                            transformer_depth_middle=1, use_spatial_transformer=True, legacy=False,
                            use_linear_in_transformer=True, context_dim=2048, num_heads=-1, num_head_channels=16,
-                           adm_in_channels=2816, use_temporal_resblock=False, use_temporal_attention=False),
+                           adm_in_channels=2816, num_classes="sequential", use_temporal_resblock=False, use_temporal_attention=False),
     ("flux", "full"): dict(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096,
                            hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=19, depth_single_blocks=38,
                            axes_dim=[16, 56, 56], theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True,
@@ -97,7 +97,7 @@ class Family:
 FAMILY = {
     "sd15": Family("SD15", 4, 77, 7.0, 64),
     "sdxl": Family("SDXL", 4, 77, 7.0, 128, pooled=1280),
-    "flux": Family("Flux", 16, 256, 1.0, 128),
+    "flux": Family("Flux", 16, 512, 1.0, 128),     # T5 tokens as Flux-dev pads them
 }
 TINY_LATENT = 16
 
