@@ -217,10 +217,10 @@ def _core_compile(model):
     return TorchCompileModel.execute(model, backend="inductor")[0]
 
 
-def _kiln(model):
+def _kiln(model, advanced: str = ""):
     from ..nodes.compile_unet import KilnCompileUNet
 
-    return KilnCompileUNet().compile(model)[0]   # the node's defaults, as a workflow adds it
+    return KilnCompileUNet().compile(model, advanced=advanced)[0]   # the node's defaults, as a workflow adds it
 
 
 def _step_cache(model):
@@ -260,7 +260,8 @@ def run_rows(args, base, log) -> tuple[list[dict], dict]:
             rows.append({"variant": name, "skipped": f"this ComfyUI has no {NEEDS[node]}"})
             log(f"{name}: skipped, this ComfyUI has no {NEEDS[node]}")
             continue
-        model = base if node is None else node(models[parent])
+        model = base if node is None else node(models[parent], args.kiln_advanced) if node is _kiln \
+            else node(models[parent])
         models[name] = model
         t0 = time.perf_counter()
         sample(args, model, args.steps)
@@ -401,7 +402,9 @@ def cold_starts(args, log) -> list[dict]:
                    "--model", args.model, "--size", args.size, "--device", args.device, "--steps", str(args.steps),
                    "--child", "eager" if run == "eager" else "kiln", "--t0", repr(time.time())]
         if args.via_file:
-            command.append("--via-file")
+            command += ["--via-file", "--weight-dtype", args.weight_dtype]
+        if args.kiln_advanced:
+            command += ["--kiln-advanced", args.kiln_advanced]
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.child_timeout)
         line = next((x for x in done.stdout.splitlines() if x.startswith(CHILD_MARK)), None)
         if done.returncode != 0 or line is None:
@@ -425,7 +428,7 @@ def child(args) -> int:
         if args.child == "kiln":
             from ..nodes.cache_graph import KilnCacheGraph
 
-            model, cache = KilnCacheGraph().cache(_kiln(model))
+            model, cache = KilnCacheGraph().cache(_kiln(model, args.kiln_advanced))
         sample(args, model, args.steps)
         stats = kiln_stats(model) if args.child == "kiln" else None
         events = [e.line() for e in stats.cache] if stats else []
@@ -452,6 +455,8 @@ def main(argv=None) -> int:
     parser.add_argument("--check-steps", type=int, default=2, help="sampling steps per Kiln check")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated from {', '.join(VARIANTS)}")
     parser.add_argument("--no-checks", action="store_true", help="the rows only")
+    parser.add_argument("--kiln-advanced", default="", help="Compile UNet's advanced text for the Kiln rows (e.g. "
+                        "'measure_regions: false': every region compiled, where a CPU would keep them eager)")
     parser.add_argument("--no-cold", action="store_true", help="no fresh-process runs")
     parser.add_argument("--memory-gb", type=float, help="cap this process's CUDA memory at this many GiB")
     parser.add_argument("--reserve-vram", type=float, help="ComfyUI's --reserve-vram (GiB); with --memory-gb, by "
@@ -497,7 +502,7 @@ def main(argv=None) -> int:
                 "steps": args.steps, "check_steps": args.check_steps, "latent": latent_side(args),
                 "comfyui": comfyui_version.__version__, "torch": torch.__version__,
                 "memory_gb": args.memory_gb, "reserve_vram": args.reserve_vram, "via_file": args.via_file,
-                "weight_dtype": args.weight_dtype}
+                "weight_dtype": args.weight_dtype, "kiln_advanced": args.kiln_advanced}
     log(json.dumps(settings))
     result = {"settings": settings, "rows": [], "checks": [], "cold_starts": []}
 
