@@ -432,8 +432,9 @@ def child(args) -> int:
         sample(args, model, args.steps)
         stats = kiln_stats(model) if args.child == "kiln" else None
         events = [e.line() for e in stats.cache] if stats else []
-    print(CHILD_MARK + json.dumps({"first_latents_s": time.time() - args.t0, "ready_s": ready,
-                                   "cache": "; ".join(events[:4]) or cache.strip()[:300]}))
+    said = ("; ".join(events[:4]) or cache.strip()[:300]).replace(os.environ.get("KILN_CACHE_DIR") or "\0",
+                                                                   "$KILN_CACHE_DIR")   # no path of this machine
+    print(CHILD_MARK + json.dumps({"first_latents_s": time.time() - args.t0, "ready_s": ready, "cache": said}))
     return 0
 
 
@@ -520,7 +521,7 @@ def main(argv=None) -> int:
             save("checks", run_checks(args, models, log))
     if not args.no_cold:
         save("cold_starts", cold_starts(args, log))
-    log(f"wrote {args.out / stem}.json")
+    log(f"wrote {stem}.json")
     return 0
 
 
