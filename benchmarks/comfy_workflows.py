@@ -276,6 +276,7 @@ def run_rows(args, base, log) -> tuple[list[dict], dict]:
         stats = kiln_stats(model) if name.startswith("kiln") else None
         if stats is not None:
             row["kiln"] = {"graphs": stats.compile_count, "recompiles": len(stats.recompiles),
+                           "recompile_reasons": sorted({c.reason[:200] for c in stats.recompiles}),
                            "fallback": stats.fallback, "eager_calls": stats.eager_calls,
                            "regions_eager": stats.regions_eager}
         rows.append(row)
@@ -356,6 +357,7 @@ def run_checks(args, models: dict, log) -> list[dict]:
         want = sample(args, eager_model, args.check_steps, **kw)
         row = {"check": name, "psnr_db": _psnr(got, want), "new_graphs": stats.compile_count - before[0],
                "new_recompiles": len(stats.recompiles) - before[1], "fallback": stats.fallback,
+               "recompile_reasons": sorted({c.reason[:200] for c in stats.recompiles[before[1]:]}),
                "region_fallbacks": dict(stats.region_fallbacks), "note": note}
         checks.append(row)
         log(f"check {name:<28} {_db(row['psnr_db']):>9} vs eager  {row['new_graphs']} new graph(s), "
