@@ -17,13 +17,15 @@
 #   bash benchmarks/gpu_session.sh kernel-records CASE [PASS]  # kernel passes in place, on and off: their decision records
 #   bash benchmarks/gpu_session.sh quant CASE rows [VARIANT,...]  # the suite's quant rows, a process per variant, within 480 s
 #   bash benchmarks/gpu_session.sh quant CASE profile SCHEME      # torch.profiler kernel table of the quantized step
+#   bash benchmarks/gpu_session.sh comfyui sd15|sdxl|flux [default|fp8] [GB]   # Kiln in ComfyUI (the bundle in .comfy-bundle/,
+#                                                        #   docs/comfyui-gpu.md): the example workflows' rows, one model; GB caps CUDA memory
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...] | kernel-table [CASE] | kernel-records CASE [PASS] | graphs sd15-512-cfg|sdxl-1024-cfg|flux-1024 | quant CASE rows [VARIANT,...] | quant CASE profile SCHEME"
+usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...] | kernel-table [CASE] | kernel-records CASE [PASS] | graphs sd15-512-cfg|sdxl-1024-cfg|flux-1024 | quant CASE rows [VARIANT,...] | quant CASE profile SCHEME | comfyui sd15|sdxl|flux [default|fp8] [GB]"
 part="${1:-}"
 case "$part ${2:-}" in
-    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|"prompts "|"prompts sdxl"|"prompts flux"|host\ ?*|quant\ ?*) ;;
+    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|"prompts "|"prompts sdxl"|"prompts flux"|host\ ?*|quant\ ?*|"comfyui sd15"|"comfyui sdxl"|"comfyui flux") ;;
     kernel-table\ *|kernel-records\ ?*) ;;
     "graphs sd15-512-cfg"|"graphs sdxl-1024-cfg"|"graphs flux-1024") [ $# -eq 2 ] || { echo "$usage" >&2; exit 2; } ;;
     *) echo "$usage" >&2; exit 2 ;;
@@ -51,6 +53,10 @@ if [ "$part" = quant ]; then  # a case name (it names the folder), then rows [va
         "profile 4") [[ "$4" =~ ^[a-z0-9_]+$ ]] || { echo "$usage" >&2; exit 2; } ;;
         *) echo "$usage" >&2; exit 2 ;;
     esac
+fi
+if [ "$part" = comfyui ]; then  # weights as loaded (fp8: ComfyUI casts them as it loads), a memory cap in GiB
+    case "${3:-}" in ""|default|fp8) ;; *) echo "$usage" >&2; exit 2 ;; esac
+    [[ "${4:-}" =~ ^([0-9]+(\.[0-9]+)?)?$ ]] && [ $# -le 4 ] || { echo "$usage" >&2; exit 2; }
 fi
 if [ "$part" = tests ]; then  # only test files and folders of this checkout
     for path in "${@:2}"; do
@@ -166,6 +172,22 @@ case "$part" in
         passes=(); if [ -n "${3:-}" ]; then passes=(--passes "$3"); fi
         timeout 480 python3 -m kiln.benchmarks.kernel_pass_records --case "$2" ${passes[@]+"${passes[@]}"} --reps 10 \
             --out "$out" 2>&1 | tee "$out/kernel-records-$2${3:+-$3}.log" ;;
+    comfyui)  # ComfyUI from the bundle (comfy_bundle.py): its tree unpacked, its wheels installed beside the machine's
+        bundle="${COMFY_BUNDLE:-.comfy-bundle}"
+        [ -f "$bundle/comfyui.tar.xz" ] || { echo "no ComfyUI bundle in $bundle (docs/comfyui-gpu.md)" >&2; exit 2; }
+        comfy_root="${TMPDIR:-/tmp}/kiln-comfyui"
+        rm -rf "$comfy_root" && mkdir -p "$comfy_root"
+        python3 -m tarfile -e "$bundle/comfyui.tar.xz" "$comfy_root"
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$comfy_root/site" "$bundle"/wheels/*.whl
+        export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$comfy_root/site"
+        model="$2" weights="${3:-default}" tag="$2"
+        args=(--model "$model" --device cuda --steps 8)
+        if [ "$model" != flux ] || [ "$weights" = fp8 ]; then args+=(--via-file --weight-dtype "$weights"); fi
+        if [ "$weights" = fp8 ]; then tag+="-fp8"; fi
+        if [ -n "${4:-}" ]; then args+=(--memory-gb "$4"); tag+="-${4}gb"; fi
+        mkdir -p "$out/comfyui"
+        timeout 480 python3 -m kiln.benchmarks.comfy_workflows --comfyui "$comfy_root/ComfyUI" "${args[@]}" --tag "$tag" \
+            --out "$out/comfyui" 2>&1 | tee "$out/comfyui/run-$tag.out" ;;
     cache)  # time to first step in fresh processes: Kiln cold, Kiln warm from its cache, torch.compile cold and warm
         python3 -m kiln.cli bench --cache --device cuda --model sdxl --json "$out/cache-sdxl.json" 2>&1 \
             | tee "$out/cache-sdxl.log" ;;

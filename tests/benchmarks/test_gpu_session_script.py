@@ -93,3 +93,11 @@ def test_the_quant_part_takes_its_arguments(args):
     done = subprocess.run(["bash", "-c", check + "\necho accepted", "gpu_session.sh", *args], capture_output=True,
                           text=True)
     assert done.returncode == 0 and done.stdout.strip() == "accepted", done.stderr
+
+
+@pytest.mark.parametrize("args", [["comfyui"], ["comfyui", "sd99"], ["comfyui", "sd15", "int4"],
+                                  ["comfyui", "flux", "fp8", "16GB"], ["comfyui", "sdxl", "default", "16", "extra"]])
+def test_wrong_comfyui_parts_are_refused_with_the_usage(args, tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path)))
+    assert done.returncode == 2 and "comfyui sd15|sdxl|flux" in done.stderr
+    assert not any(tmp_path.iterdir())  # nothing ran

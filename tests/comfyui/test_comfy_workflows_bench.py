@@ -1,0 +1,34 @@
+"""benchmarks/comfy_workflows.py must not rot: its eager and Kiln rows and Kiln's checks on a tiny SD1.5, one
+step each, in this ComfyUI process (no fresh-process runs). Runs when COMFYUI_PATH points at a ComfyUI tree;
+skips otherwise."""
+import json
+import os
+
+import pytest
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
+if not COMFYUI_PATH or not os.path.isdir(os.path.join(COMFYUI_PATH, "comfy")):
+    pytest.skip("COMFYUI_PATH is not set to a ComfyUI tree", allow_module_level=True)
+pytest.importorskip("comfy.model_management")  # conftest.py put COMFYUI_PATH on the path and set ComfyUI's args
+
+
+@pytest.mark.slow
+def test_a_minimal_row_and_kilns_checks(tmp_path):
+    from kiln.benchmarks import comfy_workflows
+
+    assert comfy_workflows.main(["--comfyui", COMFYUI_PATH, "--model", "sd15", "--device", "cpu", "--steps", "1",
+                                 "--check-steps", "1", "--variants", "eager,kiln", "--no-cold",
+                                 "--out", str(tmp_path), "--tag", "test"]) == 0
+    (result_file,) = tmp_path.glob("*-cpu-comfyui-test.json")
+    result = json.loads(result_file.read_text())
+    rows = {row["variant"]: row for row in result["rows"]}
+    assert rows["eager"]["s_per_it"] > 0 and rows["eager"]["psnr_db"] is None
+    assert rows["kiln"]["psnr_db"] == "identical" or rows["kiln"]["psnr_db"] >= 40
+    assert rows["kiln"]["kiln"]["fallback"] is None
+    checks = {c["check"]: c for c in result["checks"]}
+    assert set(checks) == {"LoRA after Kiln at 0.5", "LoRA after Kiln at 1", "second resolution", "batch 2",
+                           "ControlNet in the chain", "attention patch after Kiln"}
+    for check in checks.values():   # the right image, nothing recompiled
+        assert check["psnr_db"] == "identical" or check["psnr_db"] >= 40, check
+        assert check["new_recompiles"] == 0, check
+    assert (tmp_path / result_file.name.replace(".json", ".log")).read_text().count("check ") == len(checks)
