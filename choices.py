@@ -46,11 +46,14 @@ STEP_CACHE_METHODS = {
     "first_block": "run the model's first block; while its residual (output - input) differs from the one of the "
                    "last computed step by less than the threshold (mean absolute change, relative), skip the rest "
                    "of the model and reuse the last computed step's change (First Block Cache's rule)",
+    "forecast": "decide as reuse, but answer a skipped step with the change (output - input) extrapolated from the "
+                "last computed steps in the sampler's time (sigma or timestep): second order where three exist "
+                "(TaylorSeer's forecast, by divided differences)",
 }
 DEFAULT_STEP_CACHE_METHOD = "reuse"
 # each method's default threshold: their measures differ (reuse adds up estimates of the output's change,
 # first_block compares the first block's residual); both chosen on a trained tiny denoiser (docs/step-cache.md)
-STEP_CACHE_THRESHOLDS = {"reuse": 0.05, "first_block": 0.15}
+STEP_CACHE_THRESHOLDS = {"reuse": 0.05, "first_block": 0.15, "forecast": 0.05}
 METHOD_THRESHOLD = -1.0  # a threshold of -1 (the node's default): the method's own, above
 # the step cache's settings and their defaults: setting -> (default, what it means)
 STEP_CACHE_SETTINGS = {

@@ -131,7 +131,8 @@ class StepCacheSampling:
         kinds = options.get("cond_or_uncond") or ()
         key = tuple(str(u) for u in options.get("uuids") or ()) or tuple(kinds) or "all"
         label = "+".join(COND_NAMES.get(k, str(k)) for k in kinds) or "all"
-        noise = self.cache.step(model_sampling.calculate_input(sigma, x), progress, compute, key=key, label=label)
+        noise = self.cache.step(model_sampling.calculate_input(sigma, x), progress, compute, key=key, label=label,
+                                time=level)  # method forecast extrapolates in sigma
         return computed[0] if computed else x - s * noise
 
     def _probed(self, diffusion_model):

@@ -23,7 +23,13 @@ size, stays under `threshold`, the rest of the model is skipped (the call ends a
 and the step is answered as above. It measures inside the model where `reuse` estimates from the
 input, at the price of the first block on every skipped step.
 
-`StepCache.step(x, progress, compute, key)` is the whole interface: `compute()` runs the model
+With method `forecast`, steps are decided as with `reuse`, but a skipped step answers with the
+change extrapolated from the last computed steps in the sampler's own time (the sigma or timestep
+the model is called with): TaylorSeer's forecast, second order where three computed steps exist
+(compiler/step_cache/forecast.py). Each key keeps the changes of its last FORECAST_ORDER + 1
+computed steps.
+
+`StepCache.step(x, progress, compute, key, time=...)` is the whole interface: `compute()` runs the model
 (inside `first_block_probed(cache, block)` for method first_block).
 """
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch
 
 from ...choices import (DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS, STEP_CACHE_THRESHOLDS)
 from ..options.option_text import check_keys, shorten
+from .forecast import FORECAST_ORDER, forecast
 
 MAX_KEYS = 64  # conds kept per run, each holding three latent-sized tensors: a workflow cannot ask for more
 
@@ -118,6 +125,7 @@ class _KeyState:
     out_last: Optional[torch.Tensor] = None     # the output of the last computed step
     x_computed: Optional[torch.Tensor] = None   # its input: a skip reuses out_last - x_computed
     rate: Optional[float] = None                # output change / input change between the last two computed steps
+    changes: list = field(default_factory=list)  # forecast: (time, output - input) of the last computed steps, oldest first
     probe_computed: Optional[torch.Tensor] = None  # first_block: the first block's residual at the last computed step
     probe_now: Optional[torch.Tensor] = None    # ... and at the step being computed
     pattern: list = field(default_factory=list)
@@ -157,14 +165,18 @@ class StepCache:
         return StepCacheReport(threshold=self.options.threshold, estimate_used=self._estimate_used, patterns=patterns)
 
     def step(self, x: torch.Tensor, progress: float, compute: Callable[[], torch.Tensor],
-             key: Hashable = "all", label: str = "") -> torch.Tensor:
+             key: Hashable = "all", label: str = "", time: Optional[float] = None) -> torch.Tensor:
         """The model's output for input `x` at `progress` (0 at the run's first step, 1 at its end):
-        `compute()`'s, or `x` plus the change kept from the last computed step. `key` tells conds
-        apart; `label` is what the report calls it (default: the key). With method first_block,
-        `compute()` must pass the model's first block's residual to `probe()` as it runs
-        (`first_block_probed` arranges that)."""
+        `compute()`'s, or `x` plus the change kept from the last computed step (method forecast: the
+        change extrapolated to `time`, the sigma or timestep the model is called with; default
+        `progress`). `key` tells conds apart; `label` is what the report calls it (default: the key).
+        With method first_block, `compute()` must pass the model's first block's residual to `probe()`
+        as it runs (`first_block_probed` arranges that)."""
         if not isinstance(progress, (int, float)) or not math.isfinite(progress):
             raise StepCacheError(f"step cache: progress={shorten(progress)} must be a finite number")
+        time = progress if time is None else time
+        if not isinstance(time, (int, float)) or not math.isfinite(time):
+            raise StepCacheError(f"step cache: time={shorten(time)} must be a finite number")
         if self._progress is not None and progress < self._progress:
             self.reset()  # progress went back: a new sampling run
         if progress != self._progress:
@@ -177,22 +189,22 @@ class StepCache:
         elif state.x_last is not None and (state.x_last.shape, state.x_last.dtype) != (x.shape, x.dtype):
             state = self._states[key] = _KeyState(pattern=state.pattern, label=label)  # a new size: nothing kept applies
         deciding = self._skip_step is None  # the first key of this step decides for every key
-        if deciding and self.options.method == "reuse":
+        if deciding and self.options.method != "first_block":
             self._skip_step = self._decide(state, x, progress)
         if self._skip_step and state.out_last is not None:  # a key with nothing computed yet computes
-            return self._reuse(state, x)
+            return self._reuse(state, x, time)
         if self.options.method == "first_block":
             try:
                 out = self._computed_with_probe(state, compute, may_skip=deciding and self._may_skip(state, progress))
             except _SkipRest:
                 self._skip_step = True
                 self._skips += 1
-                return self._reuse(state, x)
+                return self._reuse(state, x, time)
             if deciding:
                 self._skip_step, self._skips = False, 0
         else:
             out = compute()
-        self._learn(state, x, out)
+        self._learn(state, x, out, time)
         state.pattern.append("C")
         return out
 
@@ -234,10 +246,17 @@ class StepCache:
         state.probe_computed = state.probe_now
         return out
 
-    def _reuse(self, state: _KeyState, x: torch.Tensor) -> torch.Tensor:
+    def _reuse(self, state: _KeyState, x: torch.Tensor, time: float) -> torch.Tensor:
         state.pattern.append("s")
         state.x_last = x
-        return x + (state.out_last - state.x_computed).to(x.dtype)
+        return x + self._answer_change(state, time).to(x.dtype)
+
+    def _answer_change(self, state: _KeyState, time: float) -> torch.Tensor:
+        """The change (output - input) a skipped step at `time` answers with: the last computed step's
+        (reuse, first_block), or the change forecast from the last computed steps (forecast)."""
+        if self.options.method == "forecast" and state.changes:
+            return forecast([t for t, _ in state.changes], [c for _, c in state.changes], time)
+        return state.out_last - state.x_computed
 
     def _may_skip(self, state: _KeyState, progress: float) -> bool:
         """Whether the settings let this step skip at all (inside the window, under the skips in a row,
@@ -262,9 +281,12 @@ class StepCache:
             self._added, self._skips = 0.0, 0
         return skip
 
-    def _learn(self, state: _KeyState, x: torch.Tensor, out: torch.Tensor) -> None:
-        """After a computed step: the change to reuse, and the output/input change rate."""
+    def _learn(self, state: _KeyState, x: torch.Tensor, out: torch.Tensor, time: float) -> None:
+        """After a computed step: the change to reuse (forecast: the last FORECAST_ORDER + 1 of them,
+        at most, per key), and the output/input change rate."""
         if state.out_last is not None:
             moved = _mean_abs(x - state.x_computed)
             state.rate = _mean_abs(out - state.out_last) / moved if moved > 0 else None
         state.out_last, state.x_computed, state.x_last = out.detach(), x.detach(), x.detach()
+        if self.options.method == "forecast":
+            state.changes = [*state.changes[-FORECAST_ORDER:], (time, (out - x).detach())]

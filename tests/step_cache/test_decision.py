@@ -132,3 +132,35 @@ def test_a_run_keeps_a_bounded_number_of_conds():
         cache.step(torch.ones(1, 2), 0.0, lambda: torch.ones(1, 2), key=key)
     with pytest.raises(StepCacheError, match=f"more than {MAX_KEYS} conds"):
         cache.step(torch.ones(1, 2), 0.0, lambda: torch.ones(1, 2), key="one more")
+
+
+def test_method_forecast_answers_a_skip_with_the_change_extrapolated_in_the_sampler_s_time():
+    """Changes 1, 4, 9 at times 1, 2, 3 (out - x = time squared): a skip at time 5 answers x + 25, where reuse
+    would answer x + 9; at uneven times too, since the forecast is in `time`, not in steps."""
+    cache = StepCache(StepCacheOptions(method="forecast", threshold=10, start_percent=0.3, max_consecutive_skips=100))
+    for p, t in ((0.0, 1.0), (0.1, 2.0), (0.2, 3.0)):
+        cache.step(torch.full((1, 2), p), p, lambda t=t, p=p: torch.full((1, 2), p + t * t), time=t)
+    out = cache.step(torch.full((1, 2), 0.5), 0.4, lambda: torch.zeros(1, 2), time=5.0)
+    assert cache.report().patterns["all"] == "CCCs"
+    assert torch.allclose(out, torch.full((1, 2), 0.5 + 25.0))
+
+
+def test_method_forecast_with_one_computed_step_answers_as_reuse():
+    cache = StepCache(StepCacheOptions(method="forecast", threshold=10, start_percent=0, max_consecutive_skips=100))
+    cache.step(torch.ones(1, 2), 0.0, lambda: torch.full((1, 2), 3.0), time=10.0)
+    cache._states["all"].rate = 0.0  # the rule has nothing to go on yet with one computed step: skip regardless
+    out = cache.step(torch.full((1, 2), 2.0), 0.5, lambda: torch.zeros(1, 2), time=5.0)
+    assert torch.equal(out, torch.full((1, 2), 4.0))
+
+
+def test_a_step_cached_model_forecasts_in_its_timesteps():
+    class Quadratic(torch.nn.Module):  # output - input is a quadratic of the timestep
+        def forward(self, x, t, *rest):
+            return x + (t.reshape(-1, 1) / 100) ** 2
+
+    cached = step_cached(Quadratic(), {"method": "forecast", "threshold": 10, "start_percent": 0.35,
+                                      "max_consecutive_skips": 100})
+    times = (999.0, 900.0, 700.0, 400.0, 300.0, 0.0)
+    outs = [cached(torch.full((1, 3), float(i)), torch.tensor([t])) for i, t in enumerate(times)]
+    assert cached.report().patterns["all"] == "CCCssC"
+    assert torch.allclose(outs[3], torch.full((1, 3), 3 + 16.0)) and torch.allclose(outs[4], torch.full((1, 3), 4 + 9.0))
