@@ -55,6 +55,7 @@ DEFAULT_STEP_CACHE_METHOD = "reuse"
 # first_block compares the first block's residual); both chosen on a trained tiny denoiser (docs/step-cache.md)
 STEP_CACHE_THRESHOLDS = {"reuse": 0.05, "first_block": 0.15, "forecast": 0.05}
 METHOD_THRESHOLD = -1.0  # a threshold of -1 (the node's default): the method's own, above
+MAX_ERROR_BUDGET = 10.0  # the step cache's error_budget at most: ten outputs' worth of estimated error per run
 # the step cache's settings and their defaults: setting -> (default, what it means)
 STEP_CACHE_SETTINGS = {
     "threshold": (METHOD_THRESHOLD, "how much change a skip may stand for, in the method's measure; 0 never skips, "
@@ -64,6 +65,9 @@ STEP_CACHE_SETTINGS = {
     "start_percent": (0.15, "steps before this share of the sampling run always compute"),
     "end_percent": (0.95, "steps from this share of the sampling run on always compute"),
     "max_consecutive_skips": (2, "after this many skipped steps in a row, the next one computes"),
+    "error_budget": (1.0, "the estimated error a whole sampling run may spend on skipped steps (each skip's relative "
+                          "error, its rule's estimate calibrated at the computed steps, added up); once spent, every "
+                          "step computes; 0 never skips"),
 }
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 
-from ..choices import DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS, tooltip
+from ..choices import (DEFAULT_STEP_CACHE_METHOD, MAX_ERROR_BUDGET, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS,
+                       tooltip)
 from . import plan_wrapper, shared
 
 log = logging.getLogger("kiln")
@@ -52,17 +53,19 @@ class KilnStepCache:
                 "end_percent": number("end_percent", 0.0, 1.0, 0.01),
                 "max_consecutive_skips": number("max_consecutive_skips", 0, 100, 1),
             },
+            # optional: workflows saved before it existed still load (and get the default)
+            "optional": {"error_budget": number("error_budget", 0.0, MAX_ERROR_BUDGET, 0.01)},
             "hidden": {"unique_id": "UNIQUE_ID"},  # the node shows each sampling run's report
         }
 
     def apply(self, model, method=DEFAULT_STEP_CACHE_METHOD, threshold=None, start_percent=None, end_percent=None,
-              max_consecutive_skips=None, unique_id=None):
+              max_consecutive_skips=None, error_budget=None, unique_id=None):
         from ..loaded import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
             return shared.eager(model, COMPILER_LOAD_ERROR)
         given = {"method": method, "threshold": threshold, "start_percent": start_percent, "end_percent": end_percent,
-                 "max_consecutive_skips": max_consecutive_skips}
+                 "max_consecutive_skips": max_consecutive_skips, "error_budget": error_budget}
         # a bad value raises StepCacheError naming it: ComfyUI shows it on the node
         options = compiler.StepCacheOptions.from_mapping({k: v for k, v in given.items() if v is not None})
         unavailable = plan_wrapper.missing_extension_points()
@@ -77,7 +80,8 @@ class KilnStepCache:
             patched.add_wrapper_with_key(kind, WRAPPER_KEY, wrapper)
         report = (f"Kiln step cache ({options.method}): threshold {options.threshold:g}, every step computes before "
                   f"{options.start_percent:.0%} and from {options.end_percent:.0%} of each sampling run, at most "
-                  f"{options.max_consecutive_skips} skipped in a row; its report comes after each run.")
+                  f"{options.max_consecutive_skips} skipped in a row, an estimated error of at most "
+                  f"{options.error_budget:g} spent per run; its report comes after each run.")
         log.info(report)
         return (patched, report)
 

@@ -29,6 +29,15 @@ the model is called with): TaylorSeer's forecast, second order where three compu
 (compiler/step_cache/forecast.py). Each key keeps the changes of its last FORECAST_ORDER + 1
 computed steps.
 
+Every method's estimate is calibrated at the run's computed steps and its total bounded by an error
+budget. At a computed step the answer it would have had if skipped (the kept or forecast change) is
+compared with what it computed; their relative distance over the rule's estimate for that step
+scales the rule's later estimates (compiler/step_cache/calibration.py, per key): a model whose
+output moves more than its rule predicts gets larger estimated errors and computes more. For reuse
+and forecast the threshold bounds that calibrated estimate; for first_block it bounds the measured
+change of the first block's residual, as before. Each skip spends its calibrated estimate from the
+run's `error_budget` (compiler/step_cache/error_budget.py); once spent, every step computes.
+
 `StepCache.step(x, progress, compute, key, time=...)` is the whole interface: `compute()` runs the model
 (inside `first_block_probed(cache, block)` for method first_block).
 """
@@ -40,11 +49,15 @@ from typing import Any, Callable, Hashable, Mapping, Optional
 
 import torch
 
-from ...choices import (DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS, STEP_CACHE_THRESHOLDS)
+from ...choices import (DEFAULT_STEP_CACHE_METHOD, MAX_ERROR_BUDGET, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS,
+                        STEP_CACHE_THRESHOLDS)
 from ..options.option_text import check_keys, shorten
+from .calibration import Calibration
+from .error_budget import ErrorBudget
 from .forecast import FORECAST_ORDER, forecast
 
-MAX_KEYS = 64  # conds kept per run, each holding three latent-sized tensors: a workflow cannot ask for more
+MAX_KEYS = 64  # conds kept per run, each holding at most 3 + FORECAST_ORDER + 1 latent-sized tensors: a workflow
+               # cannot ask for more, nor for more per cond (no option sets how many changes a key keeps)
 
 
 class StepCacheError(ValueError):
@@ -63,19 +76,23 @@ class StepCacheOptions:
     start_percent: float = STEP_CACHE_SETTINGS["start_percent"][0]
     end_percent: float = STEP_CACHE_SETTINGS["end_percent"][0]
     max_consecutive_skips: int = STEP_CACHE_SETTINGS["max_consecutive_skips"][0]
+    error_budget: float = STEP_CACHE_SETTINGS["error_budget"][0]
 
     def __post_init__(self):
         if self.method not in STEP_CACHE_METHODS:
             raise StepCacheError(f"step_cache.method={shorten(self.method)}: use one of {', '.join(STEP_CACHE_METHODS)}")
         if self.threshold is None or (type(self.threshold) in (int, float) and self.threshold == METHOD_THRESHOLD):
             object.__setattr__(self, "threshold", STEP_CACHE_THRESHOLDS[self.method])
-        for name in ("threshold", "start_percent", "end_percent"):
+        for name in ("threshold", "start_percent", "end_percent", "error_budget"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise StepCacheError(f"step_cache.{name}={shorten(value)}: use a number")
         if not 0 <= self.threshold <= 10:
             raise StepCacheError(f"step_cache.threshold={shorten(self.threshold)}: use a number from 0 (never skip) "
                                  f"to 10, or {METHOD_THRESHOLD:g} for the method's default")
+        if not 0 <= self.error_budget <= MAX_ERROR_BUDGET:
+            raise StepCacheError(f"step_cache.error_budget={shorten(self.error_budget)}: use a number from 0 (never "
+                                 f"skip) to {MAX_ERROR_BUDGET:g}")
         if not 0 <= self.start_percent <= self.end_percent <= 1:
             raise StepCacheError(f"step_cache.start_percent={shorten(self.start_percent)}, end_percent="
                                  f"{shorten(self.end_percent)}: use 0 <= start_percent <= end_percent <= 1")
@@ -128,6 +145,8 @@ class _KeyState:
     changes: list = field(default_factory=list)  # forecast: (time, output - input) of the last computed steps, oldest first
     probe_computed: Optional[torch.Tensor] = None  # first_block: the first block's residual at the last computed step
     probe_now: Optional[torch.Tensor] = None    # ... and at the step being computed
+    estimate: Optional[float] = None            # the rule's estimate for the step in progress, calibrated if it computes
+    calibration: Calibration = field(default_factory=Calibration)
     pattern: list = field(default_factory=list)
     label: str = ""                             # what the report calls this key
 
@@ -153,6 +172,7 @@ class StepCache:
         self._added = 0.0                         # estimates added up since the last computed step
         self._skips = 0                           # consecutive skipped steps
         self._estimate_used = 0.0
+        self._budget = ErrorBudget(self.options.error_budget)
         self._probing: Optional[tuple[_KeyState, bool]] = None  # first_block: (key state, may skip) during compute()
 
     def report(self) -> StepCacheReport:
@@ -223,17 +243,21 @@ class StepCache:
         self._probing = None
         residual = residual.detach()
         kept = state.probe_computed
-        if may_skip and kept is not None and kept.shape == residual.shape:
+        if kept is not None and kept.shape == residual.shape:
             size = _mean_abs(kept)
             change = _mean_abs(residual - kept) / size if size > 0 else math.inf
-            if change < self.options.threshold:
-                self._estimate_used = max(self._estimate_used, change)
+            state.estimate = change
+            error = state.calibration.error(change)
+            if may_skip and change < self.options.threshold and self._budget.fits(error):
+                self._estimate_used = max(self._estimate_used, change)  # first_block's threshold bounds its measure
+                self._budget.spend(error)
+                state.estimate = None
                 raise _SkipRest()
         state.probe_now = residual
 
     def _computed_with_probe(self, state: _KeyState, compute: Callable[[], torch.Tensor], may_skip: bool) -> torch.Tensor:
         self._probing = (state, may_skip)
-        state.probe_now = None
+        state.probe_now = state.estimate = None
         try:
             out = compute()
         finally:
@@ -266,14 +290,20 @@ class StepCache:
                 and self._skips < options.max_consecutive_skips and state.out_last is not None)
 
     def _decide(self, state: _KeyState, x: torch.Tensor, progress: float) -> bool:
-        """method reuse: skip this step? Adds this step's estimate, or starts counting afresh when it computes."""
+        """methods reuse and forecast: skip this step? Adds this step's estimate to those since the last
+        computed step; skips while the calibrated estimate stays under the threshold and fits in the run's
+        error budget (spending it), or starts counting afresh when it computes."""
         skip = False
-        if self._may_skip(state, progress) and state.rate is not None:
+        state.estimate = None
+        if state.rate is not None and state.x_last is not None:
             size = _mean_abs(state.out_last)
-            estimate = state.rate * _mean_abs(x - state.x_last) / size if size > 0 else math.inf
-            if self._added + estimate < self.options.threshold:
-                self._added += estimate
-                self._estimate_used = max(self._estimate_used, self._added)
+            state.estimate = self._added + (state.rate * _mean_abs(x - state.x_last) / size if size > 0 else math.inf)
+        if state.estimate is not None and self._may_skip(state, progress):
+            error = state.calibration.error(state.estimate)
+            if error < self.options.threshold and self._budget.fits(error):
+                self._added = state.estimate
+                self._budget.spend(error)
+                self._estimate_used = max(self._estimate_used, error)
                 skip = True
         if skip:
             self._skips += 1
@@ -284,6 +314,11 @@ class StepCache:
     def _learn(self, state: _KeyState, x: torch.Tensor, out: torch.Tensor, time: float) -> None:
         """After a computed step: the change to reuse (forecast: the last FORECAST_ORDER + 1 of them,
         at most, per key), and the output/input change rate."""
+        if state.out_last is not None and state.estimate is not None:  # calibrate: the answer it would have had
+            size = _mean_abs(out)
+            answer = x + self._answer_change(state, time).to(x.dtype)
+            state.calibration.observe(state.estimate, _mean_abs(answer - out) / size if size > 0 else math.inf)
+        state.estimate = None
         if state.out_last is not None:
             moved = _mean_abs(x - state.x_computed)
             state.rate = _mean_abs(out - state.out_last) / moved if moved > 0 else None
