@@ -116,7 +116,9 @@ class StepCacheReport:
 
     threshold: float
     patterns: dict[str, str] = field(default_factory=dict)   # key -> "CCCCsCs..."
-    estimate_used: float = 0.0     # the largest added-up estimate a skip was taken at, of `threshold`
+    estimate_used: float = 0.0     # the largest estimate a skip was taken at, of `threshold`
+    error_spent: float = 0.0       # the estimated error the run's skips spent (each skip's, calibrated, added up) ...
+    error_budget: float = math.inf  # ... of this budget
 
     @property
     def computed(self) -> int:
@@ -133,7 +135,8 @@ class StepCacheReport:
         saved = f"{calls / self.computed:.2f}x fewer model evaluations" if self.computed else "every call skipped"
         keys = "; ".join(f"{key}: {pattern}" for key, pattern in self.patterns.items())
         return (f"step cache: {self.computed} of {calls} model calls computed, {self.skipped} skipped ({saved}); "
-                f"estimated change used {self.estimate_used:.3f} of {self.threshold:g}; {keys}")
+                f"estimated error spent {self.error_spent:.3f} of a budget of {self.error_budget:g}; "
+                f"largest estimate skipped at {self.estimate_used:.3f} of the threshold {self.threshold:g}; {keys}")
 
 
 @dataclass
@@ -182,7 +185,8 @@ class StepCache:
             if name in patterns:  # two keys the caller calls alike (two positive conds): both shown
                 name = f"{name} #{sum(1 for n in patterns if n.split(' #')[0] == name) + 1}"
             patterns[name] = "".join(state.pattern)
-        return StepCacheReport(threshold=self.options.threshold, estimate_used=self._estimate_used, patterns=patterns)
+        return StepCacheReport(threshold=self.options.threshold, estimate_used=self._estimate_used, patterns=patterns,
+                               error_spent=self._budget.spent, error_budget=self._budget.budget)
 
     def step(self, x: torch.Tensor, progress: float, compute: Callable[[], torch.Tensor],
              key: Hashable = "all", label: str = "", time: Optional[float] = None) -> torch.Tensor:

@@ -215,3 +215,16 @@ def test_a_forecasting_run_keeps_a_bounded_number_of_tensors_per_cond():
 def test_a_bad_error_budget_is_refused_by_name(value, words):
     with pytest.raises(StepCacheError, match=words):
         StepCacheOptions.from_mapping({"error_budget": value})
+
+
+def test_the_report_says_the_estimated_error_spent_beside_the_calls_computed_and_skipped():
+    cache = StepCache(StepCacheOptions(method="forecast", threshold=0.5, error_budget=0.3, max_consecutive_skips=3))
+    _trajectory(cache, jitter=0.01)
+    report = cache.report()
+    assert report.skipped > 0 and 0 < report.error_spent <= report.error_budget == 0.3
+    assert report.error_spent == cache._budget.spent
+    line = report.line()
+    assert f"{report.computed} of 30 model calls computed, {report.skipped} skipped" in line
+    assert f"estimated error spent {report.error_spent:.3f} of a budget of 0.3" in line
+    cache.reset()
+    assert cache.last_report.error_spent == report.error_spent and cache.report().error_spent == 0
