@@ -149,9 +149,16 @@ class _KeyState:
     probe_computed: Optional[torch.Tensor] = None  # first_block: the first block's residual at the last computed step
     probe_now: Optional[torch.Tensor] = None    # ... and at the step being computed
     estimate: Optional[float] = None            # the rule's estimate for the step in progress, calibrated if it computes
-    calibration: Calibration = field(default_factory=Calibration)
+    calibrations: list = field(default_factory=lambda: [Calibration()])  # one per forecast order (0: reuse's answer)
     pattern: list = field(default_factory=list)
     label: str = ""                             # what the report calls this key
+
+
+def _best_order(state: _KeyState) -> int:
+    """The order whose answers came closest to the computed steps so far, relative to the rule's estimates
+    (the lowest calibrated scale; the lower order on a tie, order 0 before any sample)."""
+    sampled = [i for i, c in enumerate(state.calibrations) if c.samples]
+    return min(sampled, key=lambda i: (state.calibrations[i].scale, i)) if sampled else 0
 
 
 def _mean_abs(t: torch.Tensor) -> float:
@@ -209,9 +216,9 @@ class StepCache:
         if state is None:
             if len(self._states) >= MAX_KEYS:
                 raise StepCacheError(f"step cache: more than {MAX_KEYS} conds in one sampling run")
-            state = self._states[key] = _KeyState(label=label)
+            state = self._states[key] = self._new_state([], label)
         elif state.x_last is not None and (state.x_last.shape, state.x_last.dtype) != (x.shape, x.dtype):
-            state = self._states[key] = _KeyState(pattern=state.pattern, label=label)  # a new size: nothing kept applies
+            state = self._states[key] = self._new_state(state.pattern, label)  # a new size: nothing kept applies
         deciding = self._skip_step is None  # the first key of this step decides for every key
         if deciding and self.options.method != "first_block":
             self._skip_step = self._decide(state, x, progress)
@@ -251,7 +258,7 @@ class StepCache:
             size = _mean_abs(kept)
             change = _mean_abs(residual - kept) / size if size > 0 else math.inf
             state.estimate = change
-            error = state.calibration.error(change)
+            error = state.calibrations[0].error(change)
             if may_skip and change < self.options.threshold and self._budget.fits(error):
                 self._estimate_used = max(self._estimate_used, change)  # first_block's threshold bounds its measure
                 self._budget.spend(error)
@@ -274,16 +281,22 @@ class StepCache:
         state.probe_computed = state.probe_now
         return out
 
+    def _new_state(self, pattern: list, label: str) -> _KeyState:
+        orders = FORECAST_ORDER + 1 if self.options.method == "forecast" else 1
+        return _KeyState(pattern=pattern, label=label, calibrations=[Calibration() for _ in range(orders)])
+
     def _reuse(self, state: _KeyState, x: torch.Tensor, time: float) -> torch.Tensor:
         state.pattern.append("s")
         state.x_last = x
         return x + self._answer_change(state, time).to(x.dtype)
 
-    def _answer_change(self, state: _KeyState, time: float) -> torch.Tensor:
+    def _answer_change(self, state: _KeyState, time: float, order: Optional[int] = None) -> torch.Tensor:
         """The change (output - input) a skipped step at `time` answers with: the last computed step's
-        (reuse, first_block), or the change forecast from the last computed steps (forecast)."""
-        if self.options.method == "forecast" and state.changes:
-            return forecast([t for t, _ in state.changes], [c for _, c in state.changes], time)
+        (reuse, first_block), or the change forecast from the last computed steps (forecast) at `order`,
+        by default the order that has predicted this run's computed steps best so far."""
+        order = _best_order(state) if order is None else order
+        if self.options.method == "forecast" and state.changes and order > 0:
+            return forecast([t for t, _ in state.changes], [c for _, c in state.changes], time, order=order)
         return state.out_last - state.x_computed
 
     def _may_skip(self, state: _KeyState, progress: float) -> bool:
@@ -303,7 +316,7 @@ class StepCache:
             size = _mean_abs(state.out_last)
             state.estimate = self._added + (state.rate * _mean_abs(x - state.x_last) / size if size > 0 else math.inf)
         if state.estimate is not None and self._may_skip(state, progress):
-            error = state.calibration.error(state.estimate)
+            error = state.calibrations[_best_order(state)].error(state.estimate)
             if error < self.options.threshold and self._budget.fits(error):
                 self._added = state.estimate
                 self._budget.spend(error)
@@ -318,10 +331,11 @@ class StepCache:
     def _learn(self, state: _KeyState, x: torch.Tensor, out: torch.Tensor, time: float) -> None:
         """After a computed step: the change to reuse (forecast: the last FORECAST_ORDER + 1 of them,
         at most, per key), and the output/input change rate."""
-        if state.out_last is not None and state.estimate is not None:  # calibrate: the answer it would have had
+        if state.out_last is not None and state.estimate is not None:  # calibrate: the answers it would have had
             size = _mean_abs(out)
-            answer = x + self._answer_change(state, time).to(x.dtype)
-            state.calibration.observe(state.estimate, _mean_abs(answer - out) / size if size > 0 else math.inf)
+            for order, calibration in enumerate(state.calibrations):
+                answer = x + self._answer_change(state, time, order).to(x.dtype)
+                calibration.observe(state.estimate, _mean_abs(answer - out) / size if size > 0 else math.inf)
         state.estimate = None
         if state.out_last is not None:
             moved = _mean_abs(x - state.x_computed)

@@ -135,14 +135,16 @@ def test_a_run_keeps_a_bounded_number_of_conds():
 
 
 def test_method_forecast_answers_a_skip_with_the_change_extrapolated_in_the_sampler_s_time():
-    """Changes 1, 4, 9 at times 1, 2, 3 (out - x = time squared): a skip at time 5 answers x + 25, where reuse
-    would answer x + 9; at uneven times too, since the forecast is in `time`, not in steps."""
-    cache = StepCache(StepCacheOptions(method="forecast", threshold=10, error_budget=10, start_percent=0.3, max_consecutive_skips=100))
-    for p, t in ((0.0, 1.0), (0.1, 2.0), (0.2, 3.0)):
+    """Changes 1, 4, 9, 16 at times 1, 2, 3, 4 (out - x = time squared: second order predicted the fourth
+    exactly): a skip at time 6 answers x + 36, where reuse would answer x + 16; at uneven times too, since
+    the forecast is in `time`, not in steps."""
+    cache = StepCache(StepCacheOptions(method="forecast", threshold=10, error_budget=10, start_percent=0.35,
+                                       max_consecutive_skips=100))
+    for p, t in ((0.0, 1.0), (0.1, 2.0), (0.2, 3.0), (0.3, 4.0)):
         cache.step(torch.full((1, 2), p), p, lambda t=t, p=p: torch.full((1, 2), p + t * t), time=t)
-    out = cache.step(torch.full((1, 2), 0.5), 0.4, lambda: torch.zeros(1, 2), time=5.0)
-    assert cache.report().patterns["all"] == "CCCs"
-    assert torch.allclose(out, torch.full((1, 2), 0.5 + 25.0))
+    out = cache.step(torch.full((1, 2), 0.5), 0.4, lambda: torch.zeros(1, 2), time=6.0)
+    assert cache.report().patterns["all"] == "CCCCs"
+    assert torch.allclose(out, torch.full((1, 2), 0.5 + 36.0))
 
 
 def test_method_forecast_with_one_computed_step_answers_as_reuse():
@@ -160,10 +162,10 @@ def test_a_step_cached_model_forecasts_in_its_timesteps():
 
     cached = step_cached(Quadratic(), {"method": "forecast", "threshold": 10, "error_budget": 10, "start_percent": 0.35,
                                       "max_consecutive_skips": 100})
-    times = (999.0, 900.0, 700.0, 400.0, 300.0, 0.0)
+    times = (999.0, 900.0, 800.0, 700.0, 400.0, 300.0, 0.0)
     outs = [cached(torch.full((1, 3), float(i)), torch.tensor([t])) for i, t in enumerate(times)]
-    assert cached.report().patterns["all"] == "CCCssC"
-    assert torch.allclose(outs[3], torch.full((1, 3), 3 + 16.0)) and torch.allclose(outs[4], torch.full((1, 3), 4 + 9.0))
+    assert cached.report().patterns["all"] == "CCCCssC"
+    assert torch.allclose(outs[4], torch.full((1, 3), 4 + 16.0)) and torch.allclose(outs[5], torch.full((1, 3), 5 + 9.0))
 
 
 def _trajectory(cache, jitter: float, steps: int = 30, seed: int = 0):
@@ -186,7 +188,7 @@ def test_calibration_a_model_that_moves_more_than_predicted_computes_more():
     smooth, wobbly = StepCache(options), StepCache(options)
     _trajectory(smooth, jitter=0.0)
     _trajectory(wobbly, jitter=0.05)
-    assert smooth._states["all"].calibration.scale < 0.1 < wobbly._states["all"].calibration.scale
+    assert smooth._states["all"].calibrations[2].scale < 0.1 < min(c.scale for c in wobbly._states["all"].calibrations)
     assert wobbly.report().computed > smooth.report().computed + 5, (smooth.report(), wobbly.report())
 
 
@@ -228,3 +230,15 @@ def test_the_report_says_the_estimated_error_spent_beside_the_calls_computed_and
     assert f"estimated error spent {report.error_spent:.3f} of a budget of 0.3" in line
     cache.reset()
     assert cache.last_report.error_spent == report.error_spent and cache.report().error_spent == 0
+
+
+def test_method_forecast_answers_with_the_order_that_predicted_the_run_s_computed_steps_best():
+    """Smooth changes: second order predicts them; jittery ones: extrapolating amplifies the jitter, and
+    the lower order wins (a model whose outputs do not follow a curve is answered as reuse would)."""
+    from kiln.compiler.step_cache.decision import _best_order
+
+    options = StepCacheOptions(method="forecast", threshold=0.0, error_budget=10)
+    smooth, jittery = StepCache(options), StepCache(options)
+    _trajectory(smooth, jitter=0.0)
+    _trajectory(jittery, jitter=0.05)
+    assert _best_order(smooth._states["all"]) == 2 and _best_order(jittery._states["all"]) == 0
