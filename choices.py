@@ -50,10 +50,11 @@ STEP_CACHE_METHODS = {
                 "last computed steps in the sampler's time (sigma or timestep): second order where three exist "
                 "(TaylorSeer's forecast, by divided differences)",
 }
-DEFAULT_STEP_CACHE_METHOD = "reuse"
-# each method's default threshold: their measures differ (reuse adds up estimates of the output's change,
-# first_block compares the first block's residual); both chosen on a trained tiny denoiser (docs/step-cache.md)
-STEP_CACHE_THRESHOLDS = {"reuse": 0.05, "first_block": 0.15, "forecast": 0.05}
+DEFAULT_STEP_CACHE_METHOD = "forecast"
+# each method's default threshold: their measures differ (reuse and forecast bound the calibrated estimate of
+# a skip's relative error, first_block the change of the first block's residual); all chosen on the digits
+# denoiser, and reported on models they were not chosen on (docs/step-cache.md)
+STEP_CACHE_THRESHOLDS = {"reuse": 0.1, "first_block": 0.15, "forecast": 0.05}
 METHOD_THRESHOLD = -1.0  # a threshold of -1 (the node's default): the method's own, above
 MAX_ERROR_BUDGET = 10.0  # the step cache's error_budget at most: ten outputs' worth of estimated error per run
 # the step cache's settings and their defaults: setting -> (default, what it means)
