@@ -27,9 +27,9 @@ COND_NAMES = {0: "cond", 1: "uncond"}  # ComfyUI's transformer_options["cond_or_
 
 
 class KilnStepCache:
-    DESCRIPTION = ("Skips the sampling steps whose model output would change little, reusing the last computed "
-                   "step's. Works eagerly or with Kiln › Compile UNet; after each sampling run it shows how many "
-                   "model calls it computed and skipped.")
+    DESCRIPTION = ("Skips the sampling steps whose model output would change little, answering them from the last "
+                   "computed steps (forecast, or reused). Works eagerly or with Kiln › Compile UNet; after each "
+                   "sampling run it shows how many model calls it computed and skipped, and the estimated error spent.")
     CATEGORY = "Kiln"
     FUNCTION = "apply"
     RETURN_TYPES = ("MODEL", "STRING")
