@@ -38,6 +38,12 @@ def ddpm_alphas() -> torch.Tensor:
     return torch.cumprod(1 - betas, 0).float()
 
 
+def channel_mixes(kinds: int, seed: int) -> torch.Tensor:
+    """(kinds, 4) in [-0.8, 0.8]: how each kind of a drawn data set spreads over the 4 latent channels
+    (fixed by `seed`, not by the global generator)."""
+    return torch.rand(kinds, 4, generator=torch.Generator().manual_seed(seed)) * 1.6 - 0.8
+
+
 def drop_classes(classes: torch.Tensor, null_class: int) -> torch.Tensor:
     """`classes` with CFG_DROP of them, at random, the unconditional one."""
     classes = classes.clone()

@@ -30,8 +30,7 @@ TRAIN_BATCH = 16
 
 
 def _mixes() -> torch.Tensor:
-    """(len(SHAPES), 4): how each kind spreads over the 4 latent channels (fixed, from seed 1)."""
-    return torch.rand(len(SHAPES), 4, generator=torch.Generator().manual_seed(1)) * 1.6 - 0.8
+    return denoiser_training.channel_mixes(len(SHAPES), seed=1)
 
 
 def shape_latents(classes: torch.Tensor) -> torch.Tensor:

@@ -37,8 +37,7 @@ TRAIN_BATCH = 16
 
 
 def _mixes() -> torch.Tensor:
-    """(len(TEXTURES), 4): how each kind spreads over the 4 latent channels (fixed, from seed 2)."""
-    return torch.rand(len(TEXTURES), 4, generator=torch.Generator().manual_seed(2)) * 1.6 - 0.8
+    return denoiser_training.channel_mixes(len(TEXTURES), seed=2)
 
 
 def texture_latents(classes: torch.Tensor) -> torch.Tensor:
