@@ -15,7 +15,7 @@ per setting: PSNR and SSIM of the final latents against the uncached ones of the
 seed (worst and mean over seeds), model evaluations computed (a first_block skip runs the first
 block only, and counts as skipped), the estimated error spent, and wall-clock time against the
 uncached run of the same runner (eager against eager, compiled against compile alone), all timed
-in one process.
+in one process, each seed's runs back to back.
 """
 from __future__ import annotations
 
@@ -100,29 +100,31 @@ def run_step_cache_bench(seeds: int = 8, step_counts=STEP_COUNTS, settings=SETTI
 
 
 def _rows(kiln, bench: BenchModel, runner, runner_name: str, settings, steps: int, seeds: int, log) -> list[dict]:
-    references, base_s = [], 0.0
+    """One row per setting and the uncached one; each seed's runs back to back (uncached first), so a
+    machine whose load drifts times every setting under the same load."""
+    cached = [kiln.step_cached(runner, {"method": method, "threshold": threshold},
+                               num_train_timesteps=bench.num_train_timesteps) for method, threshold in settings]
+    seconds = [0.0] * (1 + len(settings))
+    quality, computed, spent = [[] for _ in settings], [0] * len(settings), [0.0] * len(settings)
     for seed in range(seeds):
         t0 = time.perf_counter()
-        references.append(bench.sample(runner, torch.tensor([seed]), steps, seed))
-        base_s += time.perf_counter() - t0
+        reference = bench.sample(runner, torch.tensor([seed]), steps, seed)
+        seconds[0] += time.perf_counter() - t0
+        for i, model in enumerate(cached):
+            t0 = time.perf_counter()
+            out = bench.sample(model, torch.tensor([seed]), steps, seed)
+            seconds[1 + i] += time.perf_counter() - t0
+            quality[i].append((psnr(out, reference), ssim(out, reference)))
+            computed[i] += model.report().computed
+            spent[i] = max(spent[i], model.report().error_spent)
     common = {"bench_model": bench.name, "chosen_on": bench.chosen_on, "steps": steps, "model": runner_name}
     rows = [{**common, "method": None, "threshold": None, "psnr_min": math.inf, "psnr_mean": math.inf,
-             "ssim_min": 1.0, "ssim_mean": 1.0, "computed": steps, "error_spent": 0.0, "seconds": base_s,
+             "ssim_min": 1.0, "ssim_mean": 1.0, "computed": steps, "error_spent": 0.0, "seconds": seconds[0],
              "speedup": 1.0}]
-    for method, threshold in settings:
-        cached = kiln.step_cached(runner, {"method": method, "threshold": threshold},
-                                  num_train_timesteps=bench.num_train_timesteps)
-        quality, computed, spent, seconds = [], 0, 0.0, 0.0
-        for seed in range(seeds):
-            t0 = time.perf_counter()
-            out = bench.sample(cached, torch.tensor([seed]), steps, seed)
-            seconds += time.perf_counter() - t0
-            quality.append((psnr(out, references[seed]), ssim(out, references[seed])))
-            computed += cached.report().computed
-            spent = max(spent, cached.report().error_spent)
-        rows.append({**common, "method": method, "threshold": threshold, **summary(quality),
-                     "computed": computed / seeds, "error_spent": spent, "seconds": seconds,
-                     "speedup": base_s / seconds, "pattern": cached.report().patterns.get("all", "")})
+    for i, (method, threshold) in enumerate(settings):
+        rows.append({**common, "method": method, "threshold": threshold, **summary(quality[i]),
+                     "computed": computed[i] / seeds, "error_spent": spent[i], "seconds": seconds[1 + i],
+                     "speedup": seconds[0] / seconds[1 + i], "pattern": cached[i].report().patterns.get("all", "")})
     for row in rows:
         log(format_row(row))
     return rows
