@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 
-from ..choices import DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS, tooltip
+from ..choices import (DEFAULT_STEP_CACHE_METHOD, MAX_ERROR_BUDGET, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS,
+                       tooltip)
 from . import plan_wrapper, shared
 
 log = logging.getLogger("kiln")
@@ -26,9 +27,9 @@ COND_NAMES = {0: "cond", 1: "uncond"}  # ComfyUI's transformer_options["cond_or_
 
 
 class KilnStepCache:
-    DESCRIPTION = ("Skips the sampling steps whose model output would change little, reusing the last computed "
-                   "step's. Works eagerly or with Kiln › Compile UNet; after each sampling run it shows how many "
-                   "model calls it computed and skipped.")
+    DESCRIPTION = ("Skips the sampling steps whose model output would change little, answering them from the last "
+                   "computed steps (forecast, or reused). Works eagerly or with Kiln › Compile UNet; after each "
+                   "sampling run it shows how many model calls it computed and skipped, and the estimated error spent.")
     CATEGORY = "Kiln"
     FUNCTION = "apply"
     RETURN_TYPES = ("MODEL", "STRING")
@@ -52,17 +53,19 @@ class KilnStepCache:
                 "end_percent": number("end_percent", 0.0, 1.0, 0.01),
                 "max_consecutive_skips": number("max_consecutive_skips", 0, 100, 1),
             },
+            # optional: workflows saved before it existed still load (and get the default)
+            "optional": {"error_budget": number("error_budget", 0.0, MAX_ERROR_BUDGET, 0.01)},
             "hidden": {"unique_id": "UNIQUE_ID"},  # the node shows each sampling run's report
         }
 
     def apply(self, model, method=DEFAULT_STEP_CACHE_METHOD, threshold=None, start_percent=None, end_percent=None,
-              max_consecutive_skips=None, unique_id=None):
+              max_consecutive_skips=None, error_budget=None, unique_id=None):
         from ..loaded import COMPILER_LOAD_ERROR, compiler
 
         if compiler is None:
             return shared.eager(model, COMPILER_LOAD_ERROR)
         given = {"method": method, "threshold": threshold, "start_percent": start_percent, "end_percent": end_percent,
-                 "max_consecutive_skips": max_consecutive_skips}
+                 "max_consecutive_skips": max_consecutive_skips, "error_budget": error_budget}
         # a bad value raises StepCacheError naming it: ComfyUI shows it on the node
         options = compiler.StepCacheOptions.from_mapping({k: v for k, v in given.items() if v is not None})
         unavailable = plan_wrapper.missing_extension_points()
@@ -77,7 +80,8 @@ class KilnStepCache:
             patched.add_wrapper_with_key(kind, WRAPPER_KEY, wrapper)
         report = (f"Kiln step cache ({options.method}): threshold {options.threshold:g}, every step computes before "
                   f"{options.start_percent:.0%} and from {options.end_percent:.0%} of each sampling run, at most "
-                  f"{options.max_consecutive_skips} skipped in a row; its report comes after each run.")
+                  f"{options.max_consecutive_skips} skipped in a row, an estimated error of at most "
+                  f"{options.error_budget:g} spent per run; its report comes after each run.")
         log.info(report)
         return (patched, report)
 
@@ -131,7 +135,8 @@ class StepCacheSampling:
         kinds = options.get("cond_or_uncond") or ()
         key = tuple(str(u) for u in options.get("uuids") or ()) or tuple(kinds) or "all"
         label = "+".join(COND_NAMES.get(k, str(k)) for k in kinds) or "all"
-        noise = self.cache.step(model_sampling.calculate_input(sigma, x), progress, compute, key=key, label=label)
+        noise = self.cache.step(model_sampling.calculate_input(sigma, x), progress, compute, key=key, label=label,
+                                time=level)  # method forecast extrapolates in sigma
         return computed[0] if computed else x - s * noise
 
     def _probed(self, diffusion_model):

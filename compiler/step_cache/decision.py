@@ -23,7 +23,22 @@ size, stays under `threshold`, the rest of the model is skipped (the call ends a
 and the step is answered as above. It measures inside the model where `reuse` estimates from the
 input, at the price of the first block on every skipped step.
 
-`StepCache.step(x, progress, compute, key)` is the whole interface: `compute()` runs the model
+With method `forecast`, steps are decided as with `reuse`, but a skipped step answers with the
+change extrapolated from the last computed steps in the sampler's own time (the sigma or timestep
+the model is called with): TaylorSeer's forecast, second order where three computed steps exist
+(compiler/step_cache/forecast.py). Each key keeps the changes of its last FORECAST_ORDER + 1
+computed steps.
+
+Every method's estimate is calibrated at the run's computed steps and its total bounded by an error
+budget. At a computed step the answer it would have had if skipped (the kept or forecast change) is
+compared with what it computed; their relative distance over the rule's estimate for that step
+scales the rule's later estimates (compiler/step_cache/calibration.py, per key): a model whose
+output moves more than its rule predicts gets larger estimated errors and computes more. For reuse
+and forecast the threshold bounds that calibrated estimate; for first_block it bounds the measured
+change of the first block's residual, as before. Each skip spends its calibrated estimate from the
+run's `error_budget` (compiler/step_cache/error_budget.py); once spent, every step computes.
+
+`StepCache.step(x, progress, compute, key, time=...)` is the whole interface: `compute()` runs the model
 (inside `first_block_probed(cache, block)` for method first_block).
 """
 from __future__ import annotations
@@ -34,10 +49,15 @@ from typing import Any, Callable, Hashable, Mapping, Optional
 
 import torch
 
-from ...choices import (DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS, STEP_CACHE_THRESHOLDS)
+from ...choices import (DEFAULT_STEP_CACHE_METHOD, MAX_ERROR_BUDGET, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS,
+                        STEP_CACHE_THRESHOLDS)
 from ..options.option_text import check_keys, shorten
+from .calibration import Calibration
+from .error_budget import ErrorBudget
+from .forecast import FORECAST_ORDER, forecast
 
-MAX_KEYS = 64  # conds kept per run, each holding three latent-sized tensors: a workflow cannot ask for more
+MAX_KEYS = 64  # conds kept per run, each holding at most 3 + FORECAST_ORDER + 1 latent-sized tensors: a workflow
+               # cannot ask for more, nor for more per cond (no option sets how many changes a key keeps)
 
 
 class StepCacheError(ValueError):
@@ -56,19 +76,23 @@ class StepCacheOptions:
     start_percent: float = STEP_CACHE_SETTINGS["start_percent"][0]
     end_percent: float = STEP_CACHE_SETTINGS["end_percent"][0]
     max_consecutive_skips: int = STEP_CACHE_SETTINGS["max_consecutive_skips"][0]
+    error_budget: float = STEP_CACHE_SETTINGS["error_budget"][0]
 
     def __post_init__(self):
         if self.method not in STEP_CACHE_METHODS:
             raise StepCacheError(f"step_cache.method={shorten(self.method)}: use one of {', '.join(STEP_CACHE_METHODS)}")
         if self.threshold is None or (type(self.threshold) in (int, float) and self.threshold == METHOD_THRESHOLD):
             object.__setattr__(self, "threshold", STEP_CACHE_THRESHOLDS[self.method])
-        for name in ("threshold", "start_percent", "end_percent"):
+        for name in ("threshold", "start_percent", "end_percent", "error_budget"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise StepCacheError(f"step_cache.{name}={shorten(value)}: use a number")
         if not 0 <= self.threshold <= 10:
             raise StepCacheError(f"step_cache.threshold={shorten(self.threshold)}: use a number from 0 (never skip) "
                                  f"to 10, or {METHOD_THRESHOLD:g} for the method's default")
+        if not 0 <= self.error_budget <= MAX_ERROR_BUDGET:
+            raise StepCacheError(f"step_cache.error_budget={shorten(self.error_budget)}: use a number from 0 (never "
+                                 f"skip) to {MAX_ERROR_BUDGET:g}")
         if not 0 <= self.start_percent <= self.end_percent <= 1:
             raise StepCacheError(f"step_cache.start_percent={shorten(self.start_percent)}, end_percent="
                                  f"{shorten(self.end_percent)}: use 0 <= start_percent <= end_percent <= 1")
@@ -92,7 +116,9 @@ class StepCacheReport:
 
     threshold: float
     patterns: dict[str, str] = field(default_factory=dict)   # key -> "CCCCsCs..."
-    estimate_used: float = 0.0     # the largest added-up estimate a skip was taken at, of `threshold`
+    estimate_used: float = 0.0     # the largest estimate a skip was taken at, of `threshold`
+    error_spent: float = 0.0       # the estimated error the run's skips spent (each skip's, calibrated, added up) ...
+    error_budget: float = math.inf  # ... of this budget
 
     @property
     def computed(self) -> int:
@@ -109,7 +135,8 @@ class StepCacheReport:
         saved = f"{calls / self.computed:.2f}x fewer model evaluations" if self.computed else "every call skipped"
         keys = "; ".join(f"{key}: {pattern}" for key, pattern in self.patterns.items())
         return (f"step cache: {self.computed} of {calls} model calls computed, {self.skipped} skipped ({saved}); "
-                f"estimated change used {self.estimate_used:.3f} of {self.threshold:g}; {keys}")
+                f"estimated error spent {self.error_spent:.3f} of a budget of {self.error_budget:g}; "
+                f"largest estimate skipped at {self.estimate_used:.3f} of the threshold {self.threshold:g}; {keys}")
 
 
 @dataclass
@@ -118,10 +145,20 @@ class _KeyState:
     out_last: Optional[torch.Tensor] = None     # the output of the last computed step
     x_computed: Optional[torch.Tensor] = None   # its input: a skip reuses out_last - x_computed
     rate: Optional[float] = None                # output change / input change between the last two computed steps
+    changes: list = field(default_factory=list)  # forecast: (time, output - input) of the last computed steps, oldest first
     probe_computed: Optional[torch.Tensor] = None  # first_block: the first block's residual at the last computed step
     probe_now: Optional[torch.Tensor] = None    # ... and at the step being computed
+    estimate: Optional[float] = None            # the rule's estimate for the step in progress, calibrated if it computes
+    calibrations: list = field(default_factory=lambda: [Calibration()])  # one per forecast order (0: reuse's answer)
     pattern: list = field(default_factory=list)
     label: str = ""                             # what the report calls this key
+
+
+def _best_order(state: _KeyState) -> int:
+    """The order whose answers came closest to the computed steps so far, relative to the rule's estimates
+    (the lowest calibrated scale; the lower order on a tie, order 0 before any sample)."""
+    sampled = [i for i, c in enumerate(state.calibrations) if c.samples]
+    return min(sampled, key=lambda i: (state.calibrations[i].scale, i)) if sampled else 0
 
 
 def _mean_abs(t: torch.Tensor) -> float:
@@ -145,6 +182,7 @@ class StepCache:
         self._added = 0.0                         # estimates added up since the last computed step
         self._skips = 0                           # consecutive skipped steps
         self._estimate_used = 0.0
+        self._budget = ErrorBudget(self.options.error_budget)
         self._probing: Optional[tuple[_KeyState, bool]] = None  # first_block: (key state, may skip) during compute()
 
     def report(self) -> StepCacheReport:
@@ -154,17 +192,22 @@ class StepCache:
             if name in patterns:  # two keys the caller calls alike (two positive conds): both shown
                 name = f"{name} #{sum(1 for n in patterns if n.split(' #')[0] == name) + 1}"
             patterns[name] = "".join(state.pattern)
-        return StepCacheReport(threshold=self.options.threshold, estimate_used=self._estimate_used, patterns=patterns)
+        return StepCacheReport(threshold=self.options.threshold, estimate_used=self._estimate_used, patterns=patterns,
+                               error_spent=self._budget.spent, error_budget=self._budget.budget)
 
     def step(self, x: torch.Tensor, progress: float, compute: Callable[[], torch.Tensor],
-             key: Hashable = "all", label: str = "") -> torch.Tensor:
+             key: Hashable = "all", label: str = "", time: Optional[float] = None) -> torch.Tensor:
         """The model's output for input `x` at `progress` (0 at the run's first step, 1 at its end):
-        `compute()`'s, or `x` plus the change kept from the last computed step. `key` tells conds
-        apart; `label` is what the report calls it (default: the key). With method first_block,
-        `compute()` must pass the model's first block's residual to `probe()` as it runs
-        (`first_block_probed` arranges that)."""
+        `compute()`'s, or `x` plus the change kept from the last computed step (method forecast: the
+        change extrapolated to `time`, the sigma or timestep the model is called with; default
+        `progress`). `key` tells conds apart; `label` is what the report calls it (default: the key).
+        With method first_block, `compute()` must pass the model's first block's residual to `probe()`
+        as it runs (`first_block_probed` arranges that)."""
         if not isinstance(progress, (int, float)) or not math.isfinite(progress):
             raise StepCacheError(f"step cache: progress={shorten(progress)} must be a finite number")
+        time = progress if time is None else time
+        if not isinstance(time, (int, float)) or not math.isfinite(time):
+            raise StepCacheError(f"step cache: time={shorten(time)} must be a finite number")
         if self._progress is not None and progress < self._progress:
             self.reset()  # progress went back: a new sampling run
         if progress != self._progress:
@@ -173,26 +216,26 @@ class StepCache:
         if state is None:
             if len(self._states) >= MAX_KEYS:
                 raise StepCacheError(f"step cache: more than {MAX_KEYS} conds in one sampling run")
-            state = self._states[key] = _KeyState(label=label)
+            state = self._states[key] = self._new_state([], label)
         elif state.x_last is not None and (state.x_last.shape, state.x_last.dtype) != (x.shape, x.dtype):
-            state = self._states[key] = _KeyState(pattern=state.pattern, label=label)  # a new size: nothing kept applies
+            state = self._states[key] = self._new_state(state.pattern, label)  # a new size: nothing kept applies
         deciding = self._skip_step is None  # the first key of this step decides for every key
-        if deciding and self.options.method == "reuse":
+        if deciding and self.options.method != "first_block":
             self._skip_step = self._decide(state, x, progress)
         if self._skip_step and state.out_last is not None:  # a key with nothing computed yet computes
-            return self._reuse(state, x)
+            return self._reuse(state, x, time)
         if self.options.method == "first_block":
             try:
                 out = self._computed_with_probe(state, compute, may_skip=deciding and self._may_skip(state, progress))
             except _SkipRest:
                 self._skip_step = True
                 self._skips += 1
-                return self._reuse(state, x)
+                return self._reuse(state, x, time)
             if deciding:
                 self._skip_step, self._skips = False, 0
         else:
             out = compute()
-        self._learn(state, x, out)
+        self._learn(state, x, out, time)
         state.pattern.append("C")
         return out
 
@@ -211,17 +254,21 @@ class StepCache:
         self._probing = None
         residual = residual.detach()
         kept = state.probe_computed
-        if may_skip and kept is not None and kept.shape == residual.shape:
+        if kept is not None and kept.shape == residual.shape:
             size = _mean_abs(kept)
             change = _mean_abs(residual - kept) / size if size > 0 else math.inf
-            if change < self.options.threshold:
-                self._estimate_used = max(self._estimate_used, change)
+            state.estimate = change
+            error = state.calibrations[0].error(change)
+            if may_skip and change < self.options.threshold and self._budget.fits(error):
+                self._estimate_used = max(self._estimate_used, change)  # first_block's threshold bounds its measure
+                self._budget.spend(error)
+                state.estimate = None
                 raise _SkipRest()
         state.probe_now = residual
 
     def _computed_with_probe(self, state: _KeyState, compute: Callable[[], torch.Tensor], may_skip: bool) -> torch.Tensor:
         self._probing = (state, may_skip)
-        state.probe_now = None
+        state.probe_now = state.estimate = None
         try:
             out = compute()
         finally:
@@ -234,10 +281,23 @@ class StepCache:
         state.probe_computed = state.probe_now
         return out
 
-    def _reuse(self, state: _KeyState, x: torch.Tensor) -> torch.Tensor:
+    def _new_state(self, pattern: list, label: str) -> _KeyState:
+        orders = FORECAST_ORDER + 1 if self.options.method == "forecast" else 1
+        return _KeyState(pattern=pattern, label=label, calibrations=[Calibration() for _ in range(orders)])
+
+    def _reuse(self, state: _KeyState, x: torch.Tensor, time: float) -> torch.Tensor:
         state.pattern.append("s")
         state.x_last = x
-        return x + (state.out_last - state.x_computed).to(x.dtype)
+        return x + self._answer_change(state, time).to(x.dtype)
+
+    def _answer_change(self, state: _KeyState, time: float, order: Optional[int] = None) -> torch.Tensor:
+        """The change (output - input) a skipped step at `time` answers with: the last computed step's
+        (reuse, first_block), or the change forecast from the last computed steps (forecast) at `order`,
+        by default the order that has predicted this run's computed steps best so far."""
+        order = _best_order(state) if order is None else order
+        if self.options.method == "forecast" and state.changes and order > 0:
+            return forecast([t for t, _ in state.changes], [c for _, c in state.changes], time, order=order)
+        return state.out_last - state.x_computed
 
     def _may_skip(self, state: _KeyState, progress: float) -> bool:
         """Whether the settings let this step skip at all (inside the window, under the skips in a row,
@@ -247,14 +307,20 @@ class StepCache:
                 and self._skips < options.max_consecutive_skips and state.out_last is not None)
 
     def _decide(self, state: _KeyState, x: torch.Tensor, progress: float) -> bool:
-        """method reuse: skip this step? Adds this step's estimate, or starts counting afresh when it computes."""
+        """methods reuse and forecast: skip this step? Adds this step's estimate to those since the last
+        computed step; skips while the calibrated estimate stays under the threshold and fits in the run's
+        error budget (spending it), or starts counting afresh when it computes."""
         skip = False
-        if self._may_skip(state, progress) and state.rate is not None:
+        state.estimate = None
+        if state.rate is not None and state.x_last is not None:
             size = _mean_abs(state.out_last)
-            estimate = state.rate * _mean_abs(x - state.x_last) / size if size > 0 else math.inf
-            if self._added + estimate < self.options.threshold:
-                self._added += estimate
-                self._estimate_used = max(self._estimate_used, self._added)
+            state.estimate = self._added + (state.rate * _mean_abs(x - state.x_last) / size if size > 0 else math.inf)
+        if state.estimate is not None and self._may_skip(state, progress):
+            error = state.calibrations[_best_order(state)].error(state.estimate)
+            if error < self.options.threshold and self._budget.fits(error):
+                self._added = state.estimate
+                self._budget.spend(error)
+                self._estimate_used = max(self._estimate_used, error)
                 skip = True
         if skip:
             self._skips += 1
@@ -262,9 +328,18 @@ class StepCache:
             self._added, self._skips = 0.0, 0
         return skip
 
-    def _learn(self, state: _KeyState, x: torch.Tensor, out: torch.Tensor) -> None:
-        """After a computed step: the change to reuse, and the output/input change rate."""
+    def _learn(self, state: _KeyState, x: torch.Tensor, out: torch.Tensor, time: float) -> None:
+        """After a computed step: the change to reuse (forecast: the last FORECAST_ORDER + 1 of them,
+        at most, per key), and the output/input change rate."""
+        if state.out_last is not None and state.estimate is not None:  # calibrate: the answers it would have had
+            size = _mean_abs(out)
+            for order, calibration in enumerate(state.calibrations):
+                answer = x + self._answer_change(state, time, order).to(x.dtype)
+                calibration.observe(state.estimate, _mean_abs(answer - out) / size if size > 0 else math.inf)
+        state.estimate = None
         if state.out_last is not None:
             moved = _mean_abs(x - state.x_computed)
             state.rate = _mean_abs(out - state.out_last) / moved if moved > 0 else None
         state.out_last, state.x_computed, state.x_last = out.detach(), x.detach(), x.detach()
+        if self.options.method == "forecast":
+            state.changes = [*state.changes[-FORECAST_ORDER:], (time, (out - x).detach())]

@@ -46,7 +46,7 @@ class StepCachedModel(torch.nn.Module):
                                      "return_dict=False (a tensor or a tuple whose first item is one)")
             return out
 
-        out = self.cache.step(x, 1.0 - t / self.num_train_timesteps, compute)
+        out = self.cache.step(x, 1.0 - t / self.num_train_timesteps, compute, time=t)
         return (out,) if self._returns_tuple else out
 
     def report(self) -> StepCacheReport:

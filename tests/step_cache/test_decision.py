@@ -50,7 +50,7 @@ def test_skips_stay_inside_the_window_and_the_consecutive_bound():
 
 
 def test_a_skipped_step_answers_its_input_plus_the_last_computed_change():
-    cache = StepCache(StepCacheOptions(threshold=10, start_percent=0, max_consecutive_skips=100))
+    cache = StepCache(StepCacheOptions(threshold=10, error_budget=10, start_percent=0, max_consecutive_skips=100))
     outs = [cache.step(torch.full((1, 2), float(v)), p, lambda v=v: torch.full((1, 2), 2.0 * v))
             for p, v in ((0.0, 1), (0.1, 2), (0.2, 3))]
     assert cache.report().patterns["all"] == "CCs"
@@ -67,7 +67,7 @@ def test_a_new_run_starts_fresh_and_keeps_the_last_report():
 
 
 def test_a_new_input_shape_within_a_run_never_reuses_a_change_of_another_shape():
-    cache = StepCache(StepCacheOptions(threshold=10, start_percent=0, max_consecutive_skips=100))
+    cache = StepCache(StepCacheOptions(threshold=10, error_budget=10, start_percent=0, max_consecutive_skips=100))
     for p in (0.0, 0.1, 0.2):
         cache.step(torch.ones(1, 4), p, lambda: torch.ones(1, 4) * 2)
     out = cache.step(torch.ones(2, 4), 0.3, lambda: torch.zeros(2, 4))
@@ -75,7 +75,7 @@ def test_a_new_input_shape_within_a_run_never_reuses_a_change_of_another_shape()
 
 
 def test_the_first_cond_decides_and_the_others_follow_when_they_can():
-    cache = StepCache(StepCacheOptions(threshold=10, start_percent=0, max_consecutive_skips=100))
+    cache = StepCache(StepCacheOptions(threshold=10, error_budget=10, start_percent=0, max_consecutive_skips=100))
     for p in (0.0, 0.1, 0.2, 0.3):
         cache.step(torch.full((1, 2), p), p, lambda p=p: torch.full((1, 2), 2 * p), key="cond")
         if p >= 0.2:  # the uncond joins late: nothing of its own to reuse, so it computes
@@ -132,3 +132,113 @@ def test_a_run_keeps_a_bounded_number_of_conds():
         cache.step(torch.ones(1, 2), 0.0, lambda: torch.ones(1, 2), key=key)
     with pytest.raises(StepCacheError, match=f"more than {MAX_KEYS} conds"):
         cache.step(torch.ones(1, 2), 0.0, lambda: torch.ones(1, 2), key="one more")
+
+
+def test_method_forecast_answers_a_skip_with_the_change_extrapolated_in_the_sampler_s_time():
+    """Changes 1, 4, 9, 16 at times 1, 2, 3, 4 (out - x = time squared: second order predicted the fourth
+    exactly): a skip at time 6 answers x + 36, where reuse would answer x + 16; at uneven times too, since
+    the forecast is in `time`, not in steps."""
+    cache = StepCache(StepCacheOptions(method="forecast", threshold=10, error_budget=10, start_percent=0.35,
+                                       max_consecutive_skips=100))
+    for p, t in ((0.0, 1.0), (0.1, 2.0), (0.2, 3.0), (0.3, 4.0)):
+        cache.step(torch.full((1, 2), p), p, lambda t=t, p=p: torch.full((1, 2), p + t * t), time=t)
+    out = cache.step(torch.full((1, 2), 0.5), 0.4, lambda: torch.zeros(1, 2), time=6.0)
+    assert cache.report().patterns["all"] == "CCCCs"
+    assert torch.allclose(out, torch.full((1, 2), 0.5 + 36.0))
+
+
+def test_method_forecast_with_one_computed_step_answers_as_reuse():
+    cache = StepCache(StepCacheOptions(method="forecast", threshold=10, error_budget=10, start_percent=0, max_consecutive_skips=100))
+    cache.step(torch.ones(1, 2), 0.0, lambda: torch.full((1, 2), 3.0), time=10.0)
+    cache._states["all"].rate = 0.0  # the rule has nothing to go on yet with one computed step: skip regardless
+    out = cache.step(torch.full((1, 2), 2.0), 0.5, lambda: torch.zeros(1, 2), time=5.0)
+    assert torch.equal(out, torch.full((1, 2), 4.0))
+
+
+def test_a_step_cached_model_forecasts_in_its_timesteps():
+    class Quadratic(torch.nn.Module):  # output - input is a quadratic of the timestep
+        def forward(self, x, t, *rest):
+            return x + (t.reshape(-1, 1) / 100) ** 2
+
+    cached = step_cached(Quadratic(), {"method": "forecast", "threshold": 10, "error_budget": 10, "start_percent": 0.35,
+                                      "max_consecutive_skips": 100})
+    times = (999.0, 900.0, 800.0, 700.0, 400.0, 300.0, 0.0)
+    outs = [cached(torch.full((1, 3), float(i)), torch.tensor([t])) for i, t in enumerate(times)]
+    assert cached.report().patterns["all"] == "CCCCssC"
+    assert torch.allclose(outs[4], torch.full((1, 3), 4 + 16.0)) and torch.allclose(outs[5], torch.full((1, 3), 5 + 9.0))
+
+
+def _trajectory(cache, jitter: float, steps: int = 30, seed: int = 0):
+    """A synthetic run: inputs settle along a line; the model's change (output - input) is a smooth quadratic
+    in the time, plus `jitter` of noise drawn anew at every step (a model that moves more than any rule
+    predicts from its last steps). Returns (the answers, the exact outputs)."""
+    generator = torch.Generator().manual_seed(seed)
+    answers, exact = [], []
+    for i in range(steps):
+        t = 1.0 - i / (steps - 1)
+        x = torch.full((1, 8), 1.0 - 0.5 * i / steps)
+        out = x + (0.2 + 0.5 * t + 0.3 * t * t) + jitter * torch.randn(1, 8, generator=generator)
+        answers.append(cache.step(x, i / (steps - 1), lambda out=out: out, time=t))
+        exact.append(out)
+    return answers, exact
+
+
+def test_calibration_a_model_that_moves_more_than_predicted_computes_more():
+    options = StepCacheOptions(method="forecast", threshold=0.05, error_budget=10, max_consecutive_skips=3)
+    smooth, wobbly = StepCache(options), StepCache(options)
+    _trajectory(smooth, jitter=0.0)
+    _trajectory(wobbly, jitter=0.05)
+    assert smooth._states["all"].calibrations[2].scale < 0.1 < min(c.scale for c in wobbly._states["all"].calibrations)
+    assert wobbly.report().computed > smooth.report().computed + 5, (smooth.report(), wobbly.report())
+
+
+def test_the_run_s_estimated_error_stays_within_its_budget_and_a_bigger_budget_skips_more():
+    skipped, spent = [], []
+    for budget in (0.0, 0.05, 0.2, 10.0):
+        cache = StepCache(StepCacheOptions(method="reuse", threshold=0.5, error_budget=budget, max_consecutive_skips=3))
+        _trajectory(cache, jitter=0.01)
+        skipped.append(cache.report().skipped)
+        spent.append(cache._budget.spent)
+        assert cache._budget.spent <= budget
+    assert skipped[0] == 0 and skipped == sorted(skipped) and skipped[1] < skipped[-1]
+    assert spent[2] > 0.5 * 0.2  # the run used its budget: the budget, not the threshold, stopped it
+
+
+def test_a_forecasting_run_keeps_a_bounded_number_of_tensors_per_cond():
+    from kiln.compiler.step_cache.forecast import FORECAST_ORDER
+
+    cache = StepCache(StepCacheOptions(method="forecast", threshold=0))
+    _trajectory(cache, jitter=0.0, steps=50)
+    assert len(cache._states["all"].changes) == FORECAST_ORDER + 1
+
+
+@pytest.mark.parametrize("value, words", [(-0.1, "error_budget=-0.1: use a number from 0"), (11, "error_budget=11"),
+                                          ("1", "error_budget='1': use a number"), (float("inf"), "error_budget=inf")])
+def test_a_bad_error_budget_is_refused_by_name(value, words):
+    with pytest.raises(StepCacheError, match=words):
+        StepCacheOptions.from_mapping({"error_budget": value})
+
+
+def test_the_report_says_the_estimated_error_spent_beside_the_calls_computed_and_skipped():
+    cache = StepCache(StepCacheOptions(method="forecast", threshold=0.5, error_budget=0.3, max_consecutive_skips=3))
+    _trajectory(cache, jitter=0.01)
+    report = cache.report()
+    assert report.skipped > 0 and 0 < report.error_spent <= report.error_budget == 0.3
+    assert report.error_spent == cache._budget.spent
+    line = report.line()
+    assert f"{report.computed} of 30 model calls computed, {report.skipped} skipped" in line
+    assert f"estimated error spent {report.error_spent:.3f} of a budget of 0.3" in line
+    cache.reset()
+    assert cache.last_report.error_spent == report.error_spent and cache.report().error_spent == 0
+
+
+def test_method_forecast_answers_with_the_order_that_predicted_the_run_s_computed_steps_best():
+    """Smooth changes: second order predicts them; jittery ones: extrapolating amplifies the jitter, and
+    the lower order wins (a model whose outputs do not follow a curve is answered as reuse would)."""
+    from kiln.compiler.step_cache.decision import _best_order
+
+    options = StepCacheOptions(method="forecast", threshold=0.0, error_budget=10)
+    smooth, jittery = StepCache(options), StepCache(options)
+    _trajectory(smooth, jitter=0.0)
+    _trajectory(jittery, jitter=0.05)
+    assert _best_order(smooth._states["all"]) == 2 and _best_order(jittery._states["all"]) == 0

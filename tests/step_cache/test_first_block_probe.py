@@ -46,7 +46,7 @@ def _run(model, steps=20, shape=(2, 4, 6, 6), seed=0):
     return x
 
 
-SKIPPING = {"method": "first_block", "threshold": 0.5, "start_percent": 0.1, "max_consecutive_skips": 2}
+SKIPPING = {"method": "first_block", "threshold": 0.5, "start_percent": 0.1, "max_consecutive_skips": 2, "error_budget": 10}
 
 
 def test_the_first_block_is_found_in_model_order_and_a_model_without_blocks_is_refused_by_name():
@@ -151,7 +151,8 @@ def test_an_observed_block_keeps_a_route_installed_inside_and_both_are_put_back(
 
 
 def test_kiln_compile_takes_the_step_cache_and_stats_read_through_it():
-    model = kiln.compile(TinyDiT(), "fast", step_cache={"method": "first_block", "threshold": 0.5, "start_percent": 0.1})
+    model = kiln.compile(TinyDiT(), "fast", step_cache={"method": "first_block", "threshold": 0.5, "start_percent": 0.1,
+                                                                "error_budget": 10})
     assert isinstance(model, kiln.compiler.StepCachedModel) and model.cache.options.method == "first_block"
     _run(model)
     assert model.report().skipped > 0 and kiln.stats(model).compile_count > 0
