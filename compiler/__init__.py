@@ -21,6 +21,7 @@ from .stats import GraphCompile, KilnStats
 from .step_cache.first_block_probe import first_block_of, first_block_probed
 from .step_cache.decision import StepCache, StepCacheError, StepCacheOptions, StepCacheReport
 from .step_cache.step_cached_model import StepCachedModel, step_cached
+from ..kernels.quant import tensorwise_fp8_linear  # a host's per-tensor fp8 Linear, traceable (compiler/host_layers.py)
 
 __all__ = ["compile", "stats", "wait_lowered", "HostInputs", "host_inputs", "use_host_inputs", "HostLayers", "host_layers",
            "use_host_layers", "first_block_of", "first_block_probed", "StepCache", "StepCacheError", "StepCacheOptions",
@@ -32,4 +33,4 @@ __all__ = ["compile", "stats", "wait_lowered", "HostInputs", "host_inputs", "use
            "marked_formats", "reader_for", "READER_KILN", "READER_COMFYUI", "quantized_file_readers",
            "CacheOptions", "CacheOptionsError", "CACHE_MODES", "CacheStore", "CacheTrustError",
            "CacheEntryError", "CacheError", "CacheLocationError", "cache_problem", "default_cache_dir",
-           "server_cache_dir", "describe_cache"]
+           "server_cache_dir", "describe_cache", "tensorwise_fp8_linear"]

@@ -32,8 +32,6 @@ _HostLayers = compiler.HostLayers if compiler is not None else object
 
 def fp8_linear_forward(layer: torch.nn.Module, input: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """ComfyUI's fp8 Linear forward in traceable ops (see the module docstring), else the layer's own."""
-    from ..kernels.quant import tensorwise_fp8_linear
-
     weight = layer.weight
     if args or kwargs or not _quantizes_activations(layer, input, weight):
         return type(layer).forward(layer, input, *args, **kwargs)
@@ -41,7 +39,7 @@ def fp8_linear_forward(layer: torch.nn.Module, input: torch.Tensor, *args, **kwa
     if pre_quant_scale is not None:
         input = input * pre_quant_scale.to(input.device, input.dtype)
     input_scale = getattr(layer, "input_scale", None)
-    return tensorwise_fp8_linear(input, weight._qdata, weight._params.scale, input_scale, layer.bias)
+    return compiler.tensorwise_fp8_linear(input, weight._qdata, weight._params.scale, input_scale, layer.bias)
 
 
 def _quantizes_activations(layer: torch.nn.Module, input: torch.Tensor, weight) -> bool:
