@@ -15,6 +15,18 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """The first test file marked `trained_denoiser` runs first and the other such files last: where the
+    denoiser is not trained yet (a fresh machine), one worker trains it while the other workers run the
+    rest of the suite (testing/pytest_workers.py), and no worker sits waiting on the training lock."""
+    marked = [item for item in items if item.get_closest_marker("trained_denoiser")]
+    if not marked:
+        return
+    first = [item for item in marked if item.path == marked[0].path]
+    last = [item for item in marked if item.path != marked[0].path]
+    items[:] = first + [item for item in items if not item.get_closest_marker("trained_denoiser")] + last
+
+
 @pytest.fixture(autouse=True)
 def _no_grad():
     """Kiln is an inference compiler: tests run like ComfyUI does, without autograd."""

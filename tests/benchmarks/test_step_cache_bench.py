@@ -6,7 +6,7 @@ from kiln.benchmarks import step_cache_bench
 from kiln.choices import DEFAULT_STEP_CACHE_METHOD, STEP_CACHE_THRESHOLDS
 from kiln.testing import digits_unet
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trained_denoiser]
 if not digits_unet.cache_path().exists():
     pytest.importorskip("sklearn", reason="the digits denoiser is not trained yet and scikit-learn is missing")
 

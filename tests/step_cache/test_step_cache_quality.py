@@ -9,7 +9,7 @@ from kiln.choices import STEP_CACHE_METHODS
 from kiln.testing.image_quality import psnr
 
 pytest.importorskip("sklearn")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trained_denoiser]
 
 from kiln.testing import digits_unet  # noqa: E402
 
