@@ -4,7 +4,8 @@ Most of the suite's time is Inductor compiling, one Python thread a process, so 
 pytest-xdist workers finish it in about half the time of one process. Where pytest-xdist is installed (the
 `dev` extra) and the command line names no worker count (`-n`, `--numprocesses`, `--dist`, `-p no:xdist`),
 the suite runs in `min(cores, MAX_WORKERS)` workers, a test file to a worker (`--dist loadfile`: a file's
-module fixtures, such as one compiled SD1.5, are built once). Without pytest-xdist it runs in this
+module fixtures, such as one compiled SD1.5, are built once), the files handed out in the order
+tests/conftest.py sorts them (`--no-loadscope-reorder`). Without pytest-xdist it runs in this
 process and says so in the header. `-n 0` runs it in this process too.
 
 Each worker takes its share of the cores for torch's threads (OMP_NUM_THREADS, set before the workers
@@ -35,7 +36,8 @@ def worker_args(args: list[str]) -> list[str]:
     if importlib.util.find_spec("xdist") is None:
         return []
     workers = min(usable_cores(), MAX_WORKERS)
-    return ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    # in the order tests/conftest.py gives the files (pytest-xdist would reorder them by their number of tests)
+    return ["-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder"] if workers > 1 else []
 
 
 def pytest_load_initial_conftests(early_config, parser, args):

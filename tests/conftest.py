@@ -16,15 +16,17 @@ import torch  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    """The first test file marked `trained_denoiser` runs first and the other such files last: where the
-    denoiser is not trained yet (a fresh machine), one worker trains it while the other workers run the
-    rest of the suite (testing/pytest_workers.py), and no worker sits waiting on the training lock."""
-    marked = [item for item in items if item.get_closest_marker("trained_denoiser")]
-    if not marked:
-        return
-    first = [item for item in marked if item.path == marked[0].path]
-    last = [item for item in marked if item.path != marked[0].path]
-    items[:] = first + [item for item in items if not item.get_closest_marker("trained_denoiser")] + last
+    """Test files in the order the workers take them (testing/pytest_workers.py): the first file marked
+    `trained_denoiser` first, where the denoiser is not trained yet (a fresh machine) one worker trains it
+    while the others run the rest of the suite; then the other files, those with more tests first (what
+    pytest-xdist would do on its own); the other `trained_denoiser` files last, so no worker sits
+    waiting on the training lock."""
+    files: dict = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    marked = [path for path, tests in files.items() if tests[0].get_closest_marker("trained_denoiser")]
+    rest = sorted((path for path in files if path not in marked), key=lambda path: -len(files[path]))
+    items[:] = [item for path in marked[:1] + rest + marked[1:] for item in files[path]]
 
 
 @pytest.fixture(autouse=True)

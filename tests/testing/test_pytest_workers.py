@@ -12,8 +12,8 @@ def test_a_worker_count_or_distribution_on_the_command_line_is_kept(args):
 
 def test_otherwise_a_worker_a_core_up_to_the_bound_a_file_to_each(monkeypatch):
     pytest.importorskip("xdist")
-    for cores, expected in [(1, []), (2, ["-n", "2", "--dist", "loadfile"]),
-                            (64, ["-n", str(pytest_workers.MAX_WORKERS), "--dist", "loadfile"])]:
+    for cores, expected in [(1, []), (2, ["-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]),
+                            (64, ["-n", str(pytest_workers.MAX_WORKERS), "--dist", "loadfile", "--no-loadscope-reorder"])]:
         monkeypatch.setattr(pytest_workers, "usable_cores", lambda: cores)
         assert pytest_workers.worker_args(["-m", "not slow", "tests/options"]) == expected
 
