@@ -13,16 +13,15 @@ kernel-records` runs it on a CUDA machine).
 pass on "auto": the pass fires on a GPU only when records for that GPU exist (RECORDS_FILE, matched on
 the device's name: an H100's records say nothing of an H200) and at every case recorded the step
 with the kernel took at least KERNEL_MIN_GAIN less GPU time than without. A GPU with a record that
-lost, or with no record at all, gets no kernel (DEFAULT_WITHOUT_RECORD): on the H100 the GEGLU and
-GroupNorm+SiLU kernels were beaten at 5 of 8 model shapes (benchmarks/results/2026-11-25-h100-kernels.log),
-so a kernel is not assumed to win where nobody measured it. `passes: {name: on}` still forces a pass,
+lost, or with no record at all, gets no kernel (DEFAULT_WITHOUT_RECORD): a kernel is not assumed to
+win where nobody measured it (docs/gpu-choices.md names the runs where Kiln's kernels lost). `passes: {name: on}` still forces a pass,
 and the CPU is unchanged (the kernel passes stand aside there before any record is asked). In mode
 fast no Inductor runs: the kernel competes with eager's ops, not Inductor's, which these records do
 not measure, so mode fast keeps its rule (compiler/passes/base.py `kernel_gate`).
 
 The records ship with the package in RECORDS_FILE (one source; `load_records` reads it as untrusted
-data: every field checked, the file bounded by MAX_RECORDS_BYTES). The H100 kernel results of
-2026-11-25 are microbenchmarks of each kernel alone, not in place, so they seed no record.
+data: every field checked, the file bounded by MAX_RECORDS_BYTES). Only a measurement in place, the
+step with and without the pass, makes a record; a kernel timed alone makes none.
 """
 from __future__ import annotations
 

@@ -5,9 +5,8 @@ measured on a CPU, where the host does the work: a block class judged by its fir
 (`ClassVerdicts`), and a block whose graph has nothing for Inductor to fuse run as captured
 (compiler/regional/fusible.py). On CUDA neither is taken (EVERY_REGION_MEASURED): every region,
 ResNet and Down/Upsample blocks included, is lowered and measured by the GPU's own time
-(compiler/regional/gpu_time.py). On SDXL at 1024 on an H200 (2026-11-27) the class rule kept all 13
-ResNet regions eager after one of them measured 0.85x by the host's wall clock on a host-bound
-machine, and the verdict of nothing to fuse kept the 4 Down/Upsample regions eager without a measure;
+(compiler/regional/gpu_time.py): on a host-bound machine the host's wall clock and the class rule
+keep eager blocks whose compiled code does less GPU work (docs/measurements/2026-11-27-gpu-h200.md);
 Inductor's fusion of a convolution's neighbours (bias, norm, activation, the residual add, the layout
 copies around it) is GPU work a step no longer does, which only a GPU clock sees.
 """

@@ -221,8 +221,8 @@ def time_both(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, di
     On a CPU a sample is calls_per_sample calls, sized by an eager call of the warm-up. On a GPU a
     sample is PIPELINED_CALLS calls issued back to back, divided by their number, timed by the GPU's
     clock: the kernels' own time, which Inductor's fusion lowers and CUDA graphs cannot, with the host's
-    wall clock over the same calls beside it for the log (read on a host-bound machine, the wall clock
-    measured blocks slower compiled that do less GPU work: docs/measurements/2026-11-27-gpu-h200.md)."""
+    wall clock over the same calls beside it for the log (on a host-bound machine the wall clock can call
+    slower a block that does less GPU work: docs/measurements/2026-11-27-gpu-h200.md)."""
     clock = clock or clock_for(device)
     samples: dict[str, list[float]] = {"compiled": [], "eager": []}
     host: dict[str, list[float]] = {"compiled": [], "eager": []}
@@ -252,9 +252,9 @@ def time_both(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, di
 
 def _warm_up(compiled: Callable[[tuple, dict], Any], eager: Callable[[tuple, dict], Any], args: tuple,
              kwargs: dict) -> float:
-    """One call of each side, outside the samples (on a CPU the first timing right after a compile
-    measured a ResNet block 0.90x where later ones measured 1.02-1.08x; on a GPU a first call may still
-    load or tune kernels), the eager one timed to size the samples on a CPU."""
+    """One call of each side, outside the samples (a first call right after a compile can time slower than
+    later ones; on a GPU it may still load or tune kernels),
+    the eager one timed to size the samples on a CPU."""
     compiled(*fresh_copies(args, kwargs))
     given_args, given_kwargs = fresh_copies(args, kwargs)
     start = time.perf_counter()
