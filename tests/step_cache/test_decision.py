@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import kiln
+from kiln.choices import MAX_ERROR_BUDGET
 from kiln.compiler import StepCache, StepCacheError, StepCacheOptions, step_cached
 
 
@@ -242,3 +243,9 @@ def test_method_forecast_answers_with_the_order_that_predicted_the_run_s_compute
     _trajectory(smooth, jitter=0.0)
     _trajectory(jittery, jitter=0.05)
     assert _best_order(smooth._states["all"]) == 2 and _best_order(jittery._states["all"]) == 0
+
+
+@pytest.mark.parametrize("budget", [float("nan"), float("inf"), -1, MAX_ERROR_BUDGET + 1, "1", True, None])
+def test_a_workflow_s_error_budget_out_of_bounds_or_not_a_number_is_refused_naming_the_field(budget):
+    with pytest.raises(StepCacheError, match=r"^step_cache\.error_budget="):
+        StepCacheOptions(error_budget=budget)
