@@ -188,10 +188,8 @@ def matmul_ceiling_tflops(device: str, tiny: bool) -> float:
 KERNEL_TABLE_ROWS = 40  # the kernels a table lists, by their own GPU time
 
 
-def device_busy_ms(fn, steps: int = 3, table_to: Optional[Path] = None) -> float:
-    """The GPU's busy time per call of `fn`: the sum of its kernels' own times (torch.profiler) over
-    `steps` calls, per call. Far under the call's wall time, the GPU waits on the host: launches,
-    Python, guards (what CUDA graphs remove). `table_to`: a file for the profile's kernel table."""
+def profile_steps(fn, steps: int):
+    """torch.profiler's record of the GPU over `steps` calls of `fn`, after one call outside it."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -200,6 +198,14 @@ def device_busy_ms(fn, steps: int = 3, table_to: Optional[Path] = None) -> float
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
+    return prof
+
+
+def device_busy_ms(fn, steps: int = 3, table_to: Optional[Path] = None) -> float:
+    """The GPU's busy time per call of `fn`: the sum of its kernels' own times (torch.profiler) over
+    `steps` calls, per call. Far under the call's wall time, the GPU waits on the host: launches,
+    Python, guards (what CUDA graphs remove). `table_to`: a file for the profile's kernel table."""
+    prof = profile_steps(fn, steps)
     total_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
                    for e in prof.key_averages())
     if table_to is not None:

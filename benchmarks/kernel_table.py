@@ -92,15 +92,9 @@ def classes_table(runs: dict[str, dict]) -> str:
 
 def profiled_kernels(fn, steps: int = PROFILED_STEPS) -> list[dict]:
     """The GPU kernels of `steps` calls of `fn`, each {"name", "ms", "calls"} per step, by time."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from .gpu_suite import profile_steps
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
+    prof = profile_steps(fn, steps)
     kernels = []
     for event in prof.key_averages():
         us = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
