@@ -6,11 +6,12 @@ an SD1.5 checkpoint whose UNet is trained on the digits, with the test checkpoin
 
 The prompts are the example workflow workflows/api/kiln_sd15_step_cache_api.json at the digits' size
 (64x64: 8x8 latents), euler, normal, CFG 4, "a handwritten digit N" against an empty negative, with its
-model chain rebuilt per setting, in three groups as in step_cache_comfy.py:
-- eager: no cache; Kiln › Step Cache, each method at its default and one more threshold; core's
-  EasyCache at 0.05 and its default;
-- Kiln › Compile UNet: no cache; Kiln › Step Cache, each method at its default and one more threshold;
-- core's TorchCompileModel: no cache; core's EasyCache at 0.05 and its default.
+model chain rebuilt per setting, in three groups:
+- eager: no cache; Kiln › Step Cache, each method at its default (every setting from choices.py:
+  STEP_CACHE_THRESHOLDS, STEP_CACHE_SETTINGS; the default method first); core's EasyCache at
+  EASYCACHE_THRESHOLDS (its default among them);
+- Kiln › Compile UNet: no cache; Kiln › Step Cache, each method at its default;
+- core's TorchCompileModel: no cache; core's EasyCache at EASYCACHE_THRESHOLDS.
 Each prompt's text is encoded once before any timing; each setting runs one untimed prompt first (it
 pays the compiles; reported as warm-up), then one prompt per seed. Per setting: PSNR and SSIM of each image against the eager uncached image of the same seed,
 and the server's own execution time of the prompts (execution_start to execution_success in each
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..choices import STEP_CACHE_METHODS
+from ..choices import DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS
 from ..client.comfy import ComfyClient, output_images
 from ..testing.digits_checkpoint import PROMPT
 from ..testing.image_quality import ssim, summary, summary_line
@@ -36,7 +37,6 @@ WORKFLOW = Path(__file__).parents[1] / "workflows" / "api" / "kiln_sd15_step_cac
 CHECKPOINT, COMPILE, CACHE, POSITIVE, NEGATIVE, LATENT, SAMPLER, SAVE = "1", "2", "3", "4", "5", "6", "7", "9"
 SIZE = 64                  # the digits' latents are 8x8
 EASYCACHE_THRESHOLDS = (0.05, 0.2)   # 0.2: core's default
-MORE_THRESHOLDS = (("reuse", 0.03), ("first_block", 0.2))   # each method beside its default
 
 
 def settings(object_info: dict, mode: str) -> list[tuple[str, str, list[dict]]]:
@@ -46,22 +46,20 @@ def settings(object_info: dict, mode: str) -> list[tuple[str, str, list[dict]]]:
                                                                 "pin_shapes": "", "advanced": ""}}
     core_compile = {"class_type": "TorchCompileModel", "inputs": {"backend": "inductor"}}
 
-    def kiln_cache(method, threshold=-1.0):
-        return {"class_type": "KilnStepCache", "inputs": {"method": method, "threshold": threshold, "start_percent": 0.15,
-                                                          "end_percent": 0.95, "max_consecutive_skips": 2}}
+    def kiln_cache(method):   # the node's defaults, the method's own threshold
+        defaults = {name: default for name, (default, _) in STEP_CACHE_SETTINGS.items()}
+        return {"class_type": "KilnStepCache", "inputs": {**defaults, "method": method, "threshold": METHOD_THRESHOLD}}
 
     def easycache(threshold):
         return {"class_type": "EasyCache", "inputs": {"reuse_threshold": threshold, "start_percent": 0.15,
                                                       "end_percent": 0.95, "verbose": False}}
 
-    methods = list(STEP_CACHE_METHODS)
+    methods = sorted(STEP_CACHE_METHODS, key=lambda m: m != DEFAULT_STEP_CACHE_METHOD)
     rows = [("eager", "no cache", [])]
     rows += [("eager", f"kiln {m} default", [kiln_cache(m)]) for m in methods]
-    rows += [("eager", f"kiln {m} {t:g}", [kiln_cache(m, t)]) for m, t in MORE_THRESHOLDS]
     rows += [("eager", f"easycache {t:g}", [easycache(t)]) for t in EASYCACHE_THRESHOLDS]
     rows += [("kiln compile", "no cache", [kiln_compile])]
     rows += [("kiln compile", f"kiln {m} default", [kiln_compile, kiln_cache(m)]) for m in methods]
-    rows += [("kiln compile", f"kiln {m} {t:g}", [kiln_compile, kiln_cache(m, t)]) for m, t in MORE_THRESHOLDS]
     rows += [("core compile", "no cache", [core_compile])]
     rows += [("core compile", f"easycache {t:g}", [core_compile, easycache(t)]) for t in EASYCACHE_THRESHOLDS]
     return [row for row in rows if all(node["class_type"] in object_info for node in row[2])]
