@@ -2,7 +2,8 @@
 an SD1.5 checkpoint whose UNet is trained on the digits, with the test checkpoint's CLIP and VAE):
 
     python -m kiln.benchmarks.step_cache_server --server http://127.0.0.1:8188 \\
-        --checkpoint digits_sd15_tiny.safetensors [--seeds 8] [--steps 20,30] [--json PATH]
+        --checkpoint digits_sd15_tiny.safetensors [--seeds 8] [--steps 20,30] \
+        [--groups "eager,kiln compile,core compile"] [--json PATH]
 
 The prompts are the example workflow workflows/api/kiln_sd15_step_cache_api.json at the digits' size
 (64x64: 8x8 latents), euler, normal, CFG 4, "a handwritten digit N" against an empty negative, with its
@@ -37,6 +38,7 @@ WORKFLOW = Path(__file__).parents[1] / "workflows" / "api" / "kiln_sd15_step_cac
 CHECKPOINT, COMPILE, CACHE, POSITIVE, NEGATIVE, LATENT, SAMPLER, SAVE = "1", "2", "3", "4", "5", "6", "7", "9"
 SIZE = 64                  # the digits' latents are 8x8
 EASYCACHE_THRESHOLDS = (0.05, 0.2)   # 0.2: core's default
+GROUPS = ("eager", "kiln compile", "core compile")
 
 
 def settings(object_info: dict, mode: str) -> list[tuple[str, str, list[dict]]]:
@@ -100,7 +102,7 @@ def _image(path: Path) -> tuple[bytes, torch.Tensor]:
 
 
 def run(client: ComfyClient, checkpoint: str, seeds: int = 8, step_counts=(20, 30), mode: str = "balanced",
-        folder: Path | None = None, log=print) -> dict:
+        folder: Path | None = None, log=print, groups=GROUPS) -> dict:
     base = json.loads(WORKFLOW.read_text())
     folder = Path(folder or tempfile.mkdtemp(prefix="kiln-step-cache-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -115,7 +117,7 @@ def run(client: ComfyClient, checkpoint: str, seeds: int = 8, step_counts=(20, 3
     rows = []
     for steps in step_counts:
         references, uncached = {}, {}
-        for group, setting, chain in settings(client.object_info(), mode):
+        for group, setting, chain in [row for row in settings(client.object_info(), mode) if row[0] in groups]:
             _, warmup = queue(chain, steps, seeds)   # a seed the timed prompts never use
             images, seconds = [], 0.0
             for seed in range(seeds):
@@ -148,6 +150,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--steps", default="20,30", help="step counts, comma-separated")
     parser.add_argument("--mode", default="balanced", help="Kiln › Compile UNet's mode")
+    parser.add_argument("--groups", default=",".join(GROUPS), help=f"some of {', '.join(GROUPS)} (eager is the reference)")
     parser.add_argument("--out", type=Path, default=None, help="where the images go (default: a new temporary folder)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
@@ -157,8 +160,11 @@ def main(argv=None) -> int:
         parser.error(f"--steps {args.steps!r}: use whole numbers separated by commas, such as 20,30")
     if args.seeds < 1 or any(s < 1 for s in steps):
         parser.error("--seeds and --steps must be at least 1")
+    groups = tuple(g.strip() for g in args.groups.split(","))
+    if "eager" not in groups or any(g not in GROUPS for g in groups):
+        parser.error(f"--groups {args.groups!r}: use eager and any of {', '.join(GROUPS[1:])}")
     result = run(ComfyClient(args.server), args.checkpoint, args.seeds, steps, args.mode, args.out,
-                 log=lambda msg: print(msg, flush=True))
+                 log=lambda msg: print(msg, flush=True), groups=groups)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
