@@ -66,6 +66,7 @@ EAGER_KINDS = {
     "class": "not compiled after their class's first",                   # region_choice.ClassVerdicts
     "convolutions": "convolution blocks on a CPU",                       # cpu.eager_before_capture (compiler/cpu)
     "fidelity": "differed from eager on their first call",               # compiler/graphs/fidelity_guard.py
+    "unmeasured_glue": "glue not measured against eager",                 # compiler/regional/glue.py
 }
 
 

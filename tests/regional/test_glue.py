@@ -151,6 +151,20 @@ def test_on_cuda_glue_is_compiled_where_it_saves_gpu_time_and_eager_with_the_rea
     assert info.compile_count == graphs and not info.recompiles and not info.region_fallbacks
 
 
+def test_on_cuda_glue_that_cannot_be_measured_runs_eagerly_unless_asked_for(monkeypatch):
+    answers = [(0.4, 1.0), (0.5, 1.0)] * 2  # glue.Embed#1 and Block#1, in each of the two compiles
+    _on_cuda(monkeypatch, answers)
+    module = _net()
+    module.out.register_forward_hook(lambda m, args, out: None)  # a hook may keep state: not timed again
+    compiled, out, eager = _run(module)
+    info = kiln.stats(compiled)
+    assert rel_err(out, eager) < 1e-5 and list(info.regions_eager) == ["glue.Out#1"]
+    assert info.regions_eager["glue.Out#1"].startswith("not measured against eager (the block has forward hooks)")
+    assert info.eager_kinds["glue.Out#1"] == "unmeasured_glue"
+    compiled, out, eager = _run(module, glue_regions="on")  # asked for: it stays compiled, as a block would
+    assert rel_err(out, eager) < 1e-5 and not kiln.stats(compiled).regions_eager and not answers
+
+
 def test_glue_regions_option(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="kiln")
     compiled, out, eager = _run(_net(), glue_regions="on", measure_regions=False)  # asked for on a CPU
