@@ -28,9 +28,10 @@ concatenation is one copy, and fusing it needs the block that reads it in the sa
 (CUDA), and there only where every region's choice is measured (`measure_regions`, and
 regional_compile.may_stay_eager: not with autotuning or `cuda_graphs: on`), so a glue region stays
 compiled only where it saves GPU time; one whose first call is not measured (hooks, patches, several
-graphs: CompiledRegion._not_measured) runs eagerly, where a block region would stay compiled. Elsewhere the glue is not even looked for: on a CPU the model
-compiles, runs and says what it did as before. `on` compiles it on every device (each region still
-measured where measuring is on, and kept compiled, as a block region, where it cannot be), `off` never.
+graphs: CompiledRegion._not_measured) runs eagerly, where a block region would stay compiled. Elsewhere
+the glue is not even looked for: on a CPU the model compiles, runs and says what it did as before. `on`
+compiles it on every device (each region still measured where measuring is on, and kept compiled, as a
+block region, where it cannot be), `off` never.
 """
 from __future__ import annotations
 
