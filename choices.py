@@ -32,6 +32,16 @@ CUDA_GRAPHS = {
 }
 DEFAULT_CUDA_GRAPHS = "auto"
 
+# glue_regions -> what it means: by blocks, the model's own code outside its blocks (compiler/regional/glue.py)
+GLUE_REGIONS = {
+    "auto": "default: on a CUDA device, where each region's choice is measured, the glue between blocks (time "
+            "embeddings, final norms) is compiled as regions of its own and kept compiled where it saves GPU time; "
+            "elsewhere it runs eagerly",
+    "on": "compile the glue as regions of its own on every device (each kept compiled where it measures faster)",
+    "off": "the glue runs eagerly",
+}
+DEFAULT_GLUE_REGIONS = "auto"
+
 # cache mode -> what it means (compiler/cache/options.py)
 CACHE_MODES = {
     "use": "load a matching entry, else compile and store",

@@ -71,6 +71,9 @@ TINY_CASES = (
 VARIANTS: dict[str, Callable] = {
     # Kiln as shipped, no option set: timed first (before any other compile has warmed the process)
     "kiln default": lambda m: _kiln_default(m),
+    # the default with the glue between blocks eager, as before it was compiled (compiler/regional/glue.py): what
+    # the glue's regions save or cost on this GPU
+    "kiln default without glue": lambda m: _kiln_default(m, glue_regions="off"),
     "eager": lambda m: m,
     "torch.compile": lambda m: torch.compile(m),
     # torch's own CUDA graphs (graph trees) over the whole model: what Kiln's default must match
@@ -119,10 +122,10 @@ def _kiln(module, mode, cuda_graphs: bool = False, kernels: bool = True, unit: s
                                                                     compile_unit=unit, measure_regions=measure))
 
 
-def _kiln_default(module):
+def _kiln_default(module, **options):
     from .. import compiler
 
-    return compiler.compile(module)
+    return compiler.compile(module, options=compiler.CompileOptions(**options)) if options else compiler.compile(module)
 
 
 def _quantized(module, scheme, defaults: bool = False):

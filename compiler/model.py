@@ -14,7 +14,8 @@ backend). Every caller, ComfyUI's wrapper or Python code, calls the KilnModel, a
   torch references).
 
 What it compiles is the plan's `compile_unit`: by blocks (each distinct block once, identical blocks
-sharing its code, the glue between blocks eager: compiler/regional/blocks.py, compiler/regional/regional_compile.py), the
+sharing its code, the glue between blocks eager, or on CUDA regions of its own: compiler/regional/blocks.py,
+compiler/regional/glue.py, compiler/regional/regional_compile.py), the
 default for a model that repeats blocks, or the whole model as one graph.
 
 `model_for(module, plan)` returns the one KilnModel of that module and plan: running the same plan
@@ -33,6 +34,7 @@ import torch
 from .torch_compat import dynamo, versions
 from .backend.context import CompileUnit, ModelContext
 from .backend.dynamo_backend import KilnBackend
+from .regional import glue
 from .regional.blocks import has_repeated_blocks, regions_of
 from .cache import GraphCache
 from .graphs.fidelity_guard import region_check
@@ -202,6 +204,8 @@ class KilnModel(torch.nn.Module):
             self._cuda_graphs = CudaGraphBudget(options.shapes.max_cuda_graphs)
         context = ModelContext(options, self.stats, cache, label, self._cuda_graphs)
         regions = self._blocks_to_compile(module)
+        if regions:  # by blocks: the glue between them too, where glue_regions says (compiler/regional/glue.py)
+            regions = regions + glue.glue_regions(module, regions, options, glue.model_device(module), label)
         if options.background and not regions:
             note = "background: the model compiles whole (above), as one graph that its first call waits for"
             log.warning("Kiln: %s %s", label, note)

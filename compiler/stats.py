@@ -66,6 +66,7 @@ EAGER_KINDS = {
     "class": "not compiled after their class's first",                   # region_choice.ClassVerdicts
     "convolutions": "convolution blocks on a CPU",                       # cpu.eager_before_capture (compiler/cpu)
     "fidelity": "differed from eager on their first call",               # compiler/graphs/fidelity_guard.py
+    "unmeasured_glue": "glue not measured against eager",                 # compiler/regional/glue.py
 }
 
 
@@ -114,8 +115,11 @@ class KilnStats:
         (nothing to fuse, or measured no faster compiled)'; "" for a whole-model compile."""
         if not self.regions:
             return ""
-        blocks = sum(len(region.members) for region in self.regions)
-        line = f"{blocks} blocks in {len(self.regions)} regions (one compiled code each), {self.compile_count} graph(s)"
+        blocks = sum(len(region.members) for region in self.regions if not region.glue)
+        glue = sum(region.glue for region in self.regions)
+        line = (f"{blocks} blocks in {len(self.regions) - glue} regions"
+                + (f" and the glue in {glue} region(s)" if glue else "")
+                + f" (one compiled code each), {self.compile_count} graph(s)")
         if self.regions_eager:
             line += f", {len(self.regions_eager)} region(s) eager by choice ({self._eager_kinds()})"
             if len(self.regions_eager) == len(self.regions):

@@ -52,7 +52,7 @@ def _user_input_shapes(gm: torch.fx.GraphModule) -> list[list]:
 
 
 # options that never change how a captured graph is lowered: left out of its cache key
-NOT_LOWERING = ("shapes", "compile_unit", "measure_regions", "background")
+NOT_LOWERING = ("shapes", "compile_unit", "measure_regions", "background", "glue_regions")
 
 
 def lowering_options(options: CompileOptions) -> dict:

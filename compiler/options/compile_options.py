@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from ...choices import COMPILE_UNITS, CUDA_GRAPHS
+from ...choices import COMPILE_UNITS, CUDA_GRAPHS, DEFAULT_GLUE_REGIONS, GLUE_REGIONS
 from .inductor_settings import setting_problem
 from .modes import LOWERINGS, MODES, Lowering
 from .option_text import parse_mapping_text, shorten
@@ -62,6 +62,10 @@ class CompileOptions:
     background: by blocks, lower each region in a thread of Kiln's while its blocks run eagerly: the
         first image does not wait for the compile, and each region runs compiled from its first call
         after its code is ready (compiler/regional/background.py). Not with cuda_graphs or compile_unit whole.
+    glue_regions: "auto" | "on" | "off" (choices.GLUE_REGIONS; compiler/regional/glue.py): by blocks, compile
+        the model's own modules outside its blocks (time embeddings, final norms) as regions of their own,
+        each kept compiled where it measures faster: auto on CUDA where region choices are measured, on
+        everywhere; off never.
     """
 
     mode: str = "balanced"
@@ -74,6 +78,7 @@ class CompileOptions:
     compile_unit: str = "auto"
     measure_regions: bool = True
     background: bool = False
+    glue_regions: str = DEFAULT_GLUE_REGIONS
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -86,6 +91,10 @@ class CompileOptions:
             object.__setattr__(self, "cuda_graphs", CUDA_GRAPH_VALUES[self.cuda_graphs])
         if not (self.cuda_graphs is None or isinstance(self.cuda_graphs, bool)):
             raise OptionsError(f"cuda_graphs={shorten(self.cuda_graphs)}: use one of {', '.join(CUDA_GRAPHS)}")
+        if isinstance(self.glue_regions, bool):  # YAML's bare on/off
+            object.__setattr__(self, "glue_regions", "on" if self.glue_regions else "off")
+        if not isinstance(self.glue_regions, str) or self.glue_regions not in GLUE_REGIONS:
+            raise OptionsError(f"glue_regions={shorten(self.glue_regions)}: use one of {', '.join(GLUE_REGIONS)}")
         for key in ("fullgraph", "measure_regions", "background"):
             if not isinstance(getattr(self, key), bool):
                 raise OptionsError(f"{key}={shorten(getattr(self, key))}: use true or false")
@@ -154,6 +163,7 @@ class CompileOptions:
             "compile_unit": self.compile_unit,
             "measure_regions": self.measure_regions,
             "background": self.background,
+            "glue_regions": self.glue_regions,
         }
 
 

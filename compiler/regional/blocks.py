@@ -15,7 +15,8 @@ Which modules are blocks, by structure alone (no list of model classes to keep u
   goes on inside it (SDXL's 10-deep SpatialTransformer splits into its 10 identical
   BasicTransformerBlocks; SD1.5's 1-deep one stays one block, glue included);
 - blocks never nest, and what is not in a block (embeddings, conv_in, the final norm, the loops
-  between blocks) runs as it is, eagerly: it is a small part of a step.
+  between blocks) runs as it is, eagerly: it is a small part of a step. On CUDA its modules may be
+  compiled as regions of their own (`glue_regions`, compiler/regional/glue.py), named GLUE_PREFIX + class.
 
 Two blocks share a region, and so one compiled code, when their signature is equal: class,
 parameter and buffer names, shapes, dtypes and devices, and the plain attributes (ints, floats,
@@ -34,6 +35,7 @@ import torch
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
 _NOT_LAYERS = (torch.nn.Module, torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
 _PLAIN = (int, float, bool, str, type(None))
+GLUE_PREFIX = "glue."  # a glue region's name: "glue.TimestepEmbedding#1" (compiler/regional/glue.py)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,11 @@ class Region:
     name: str                    # "ResnetBlock2D#2": the class, and which of its distinct shapes
     members: tuple[str, ...]     # "down_blocks.0.resnets.0", ...
     signature: str = ""          # what its blocks share (signature()): keys what is kept of it across starts
+
+    @property
+    def glue(self) -> bool:
+        """A region of the model's glue, not of its blocks (compiler/regional/glue.py)."""
+        return self.name.startswith(GLUE_PREFIX)
 
     @property
     def block_class(self) -> str:
@@ -129,21 +136,29 @@ def find_blocks(model: torch.nn.Module, signatures: Optional[dict] = None) -> li
 def regions_of(model: torch.nn.Module) -> list[tuple[Region, list[torch.nn.Module]]]:
     """The model's blocks grouped into regions (one per distinct signature, in model order), each
     with its blocks."""
-    groups: dict[str, list[tuple[str, torch.nn.Module]]] = {}
     signatures: dict = {}
-    for path, block in find_blocks(model, signatures):
+    return grouped(find_blocks(model, signatures), signatures)
+
+
+def grouped(found: list[tuple[str, torch.nn.Module]], signatures: Optional[dict] = None, first_index: int = 0,
+            prefix: str = "") -> list[tuple[Region, list[torch.nn.Module]]]:
+    """(path, module) pairs grouped into regions, one per distinct signature, in their order, indexed from
+    `first_index` and named `prefix` + class + "#n"."""
+    groups: dict[str, list[tuple[str, torch.nn.Module]]] = {}
+    signatures = {} if signatures is None else signatures
+    for path, block in found:
         key = signatures.get(block) or signature(block)
         groups.setdefault(key, []).append((path, block))
     per_class: Counter = Counter()
     regions = []
-    for index, (key, members) in enumerate(groups.items()):
+    for index, (key, members) in enumerate(groups.items(), first_index):
         cls = type(members[0][1]).__name__
         per_class[cls] += 1
-        region = Region(index=index, name=f"{cls}#{per_class[cls]}", members=tuple(p for p, _ in members),
+        region = Region(index=index, name=f"{prefix}{cls}#{per_class[cls]}", members=tuple(p for p, _ in members),
                         signature=key)
         regions.append((region, [b for _, b in members]))
     return regions
 
 
 def has_repeated_blocks(regions: list[tuple[Region, list[torch.nn.Module]]]) -> bool:
-    return any(len(region.members) > 1 for region, _ in regions)
+    return any(len(region.members) > 1 for region, _ in regions if not region.glue)

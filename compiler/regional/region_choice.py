@@ -19,7 +19,8 @@ Whether it does depends on the block, its size and the device, so it is measured
   let through goes on only while its regions pay: once a later region measures slower, its regions
   not yet compiled are not compiled. A marginal gain is not worth more seconds of compiling, and one
   timing far off must not carry a class.
-- **Not measured** (the region stays compiled): a block with hooks, or with ComfyUI patches the block
+- **Not measured** (the region stays compiled; glue compiled by `glue_regions: auto` runs eagerly instead,
+  compiler/regional/glue.py): a block with hooks, or with ComfyUI patches the block
   calls (a patch may keep state, and measuring runs the block 2 x ROUNDS more times), a region whose
   first call broke into several graphs or compiled again, where keeping a region eager is never
   chosen (autotuning, CUDA graphs), or with `measure_regions: false`.

@@ -307,6 +307,8 @@ class CompiledRegion:
             if self.state is RegionState.HANDED:
                 measurable = not self.timed and self.backend.graphs == 1 and self.options.measure_regions
                 self.state = RegionState.MEASURE_DUE if measurable else RegionState.COMPILED
+                if not measurable and not self.timed and self.options.measure_regions:
+                    self._not_measured(f"its first call compiled {self.backend.graphs} graphs")
         how = f"runs eagerly: {self.why_eager}" if self.runs_eagerly else "its blocks run its code from their next call"
         log.info("Kiln: %s: region %s lowered in the background in %.1f s (%s); %s", self.label, self.region.name,
                  time.perf_counter() - start, self.background.done_line(), how)
@@ -356,12 +358,16 @@ class CompiledRegion:
             return
         self.state = RegionState.COMPILED
         device = self._may_measure(args, kwargs)
-        if device is None or self.timed or self.backend.graphs != 1:
+        if device is None or self.timed:
+            return
+        if self.backend.graphs != 1:
+            self._not_measured(f"its first call compiled {self.backend.graphs} graphs")
             return
         why_not = region_choice.why_not_measured(block, calls_position_patches(args, kwargs))
         if why_not:
-            log.info("Kiln: %s: region %s is not measured against eager (%s); it stays compiled",
-                     self.label, self.region.name, why_not)
+            if not self._not_measured(why_not):
+                log.info("Kiln: %s: region %s is not measured against eager (%s); it stays compiled",
+                         self.label, self.region.name, why_not)
             return
         graphs = self.backend.graphs
         try:
@@ -369,10 +375,14 @@ class CompiledRegion:
                                              lambda a, k: module_calls.call_module_body(block, *a, **k), args, kwargs,
                                              device)
         except torch.cuda.OutOfMemoryError as exc:
-            log.warning("Kiln: %s: region %s is not measured against eager: the GPU ran out of memory while "
-                        "timing it (%s); it stays compiled", self.label, self.region.name, str(exc).splitlines()[0][:200])
+            if not self._not_measured("the GPU ran out of memory while timing it"):
+                log.warning("Kiln: %s: region %s is not measured against eager: the GPU ran out of memory while "
+                            "timing it (%s); it stays compiled", self.label, self.region.name,
+                            str(exc).splitlines()[0][:200])
             return
         if self.backend.graphs != graphs or self.state is RegionState.FAILED:
+            if self.state is not RegionState.FAILED and self._not_measured("it compiled again while being measured"):
+                return
             log.info("Kiln: %s: region %s compiled again while being measured; it stays compiled",
                      self.label, self.region.name)
             return
@@ -380,6 +390,16 @@ class CompiledRegion:
         if self.cache is not None:
             self.cache.write_record(self._choice_fields(args, kwargs, device), region_choice.CHOICE_FILE,
                                     timing.to_bytes())
+
+    def _not_measured(self, why: str) -> bool:
+        """A region whose choice could not be measured stays compiled, except glue compiled by `glue_regions:
+        auto` (compiler/regional/glue.py): that is kept compiled only where it measured faster, so it runs
+        eagerly, as it did before (then True)."""
+        if not (self.region.glue and self.options.glue_regions == "auto"):
+            return False
+        self._keep_eager("unmeasured_glue", f"not measured against eager ({why}); glue_regions auto keeps glue "
+                                            "compiled only where it measured faster")
+        return True
 
     def _store_idle(self, args: tuple, kwargs: dict) -> None:
         """The region's block had nothing to fuse (its first capture said so): keep the verdict in

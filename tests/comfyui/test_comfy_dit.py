@@ -68,3 +68,19 @@ def test_comfy_flux_compiles_by_blocks_and_matches_eager():
     info = kiln.stats(compiled)
     assert [(r.name, len(r.members)) for r in info.regions] == [("DoubleStreamBlock#1", 1), ("SingleStreamBlock#1", 2)]
     assert info.compile_count == 2 and not info.recompiles and info.eager_calls == 0, info.summary()
+
+
+def test_comfy_flux_glue_compiles_as_regions_of_its_own_and_matches_eager():
+    """glue_regions on: ComfyUI's Flux embedders and final layer are regions of their own (img_in and txt_in,
+    lone layers, stay eager); new batches and sizes compile nothing more."""
+    model = tiny_flux()
+    compiled = kiln.compile(model, options=kiln.CompileOptions(mode="fast", glue_regions="on", measure_regions=False))
+    graphs = None
+    for batch, side in ((2, 8), (3, 8), (2, 12)):
+        x, t, context, y = flux_inputs(batch, side)
+        out = compiled(x, t, context, y=y, transformer_options={})
+        assert rel_err(out, model(x, t, context, y=y, transformer_options={})) < 1e-4
+        graphs = graphs or kiln.stats(compiled).compile_count
+    info = kiln.stats(compiled)
+    assert [r.members for r in info.regions if r.glue] == [("pe_embedder",), ("time_in",), ("vector_in",), ("final_layer",)]
+    assert info.compile_count == graphs and not info.recompiles and not info.region_fallbacks, info.summary()

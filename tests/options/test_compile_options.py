@@ -26,6 +26,17 @@ def test_cuda_graphs_auto_on_off():
     assert CompileOptions(background=True).background  # auto is no CUDA-graph option background refuses
 
 
+def test_glue_regions_auto_on_off():
+    from kiln.choices import DEFAULT_GLUE_REGIONS, GLUE_REGIONS
+
+    assert CompileOptions().glue_regions == DEFAULT_GLUE_REGIONS == "auto"
+    assert [CompileOptions(glue_regions=name).glue_regions for name in GLUE_REGIONS] == list(GLUE_REGIONS)
+    assert build_options(advanced="glue_regions: on").compile.glue_regions == "on"  # YAML's bare on: True
+    assert build_options(advanced="glue_regions: off").compile.glue_regions == "off"
+    with pytest.raises(OptionsError, match="glue_regions=3: use one of auto, on, off"):
+        CompileOptions(glue_regions=3)
+
+
 @pytest.mark.parametrize("text", ['{"passes": {"fuse_geglu": "on"}}', "passes:\n  fuse_geglu: on\n"])
 def test_expert_string_json_or_yaml(text):
     opts = build_options("fast", advanced=text).compile  # YAML's bare `on` is a boolean: read as the switch "on"

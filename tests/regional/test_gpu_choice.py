@@ -76,3 +76,7 @@ def test_on_a_cpu_the_class_verdict_still_holds(monkeypatch):
 def test_the_shortcuts_hold_everywhere_but_on_cuda():
     assert not gpu_choice.judged_by_class("cuda") and not gpu_choice.runs_as_captured_when_idle("cuda")
     assert gpu_choice.judged_by_class("cpu") and gpu_choice.runs_as_captured_when_idle("cpu")
+
+
+def test_the_glue_is_compiled_by_default_on_cuda_only():
+    assert gpu_choice.compiles_glue_by_default("cuda") and not gpu_choice.compiles_glue_by_default("cpu")
