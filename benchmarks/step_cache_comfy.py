@@ -47,6 +47,7 @@ GUIDANCE = 4.0
 EASYCACHE_DEFAULT = 0.2        # core's EasyCache node's default reuse_threshold
 EASYCACHE_WINDOW = dict(start_percent=0.15, end_percent=0.95)   # core's defaults
 MATCH_ROUNDS = 5               # bisection halvings of the threshold bracket, in log terms
+MATCH_FIRST = 0.05             # the first threshold tried; doubled until it computes no more than the target
 MATCH_LIMITS = {"easycache": 3.0, "first_block": 10.0}   # the largest threshold each node accepts
 KILN_METHODS = tuple(sorted(STEP_CACHE_THRESHOLDS, key=lambda m: m != DEFAULT_STEP_CACHE_METHOD))
 
@@ -223,7 +224,7 @@ def matched(runs: Runs, build: Callable[[float], object], target: float, limit: 
             tried[threshold] = {"threshold": threshold, **runs.run(build(threshold))}
         return tried[threshold]
 
-    low, high = 0.0, min(0.05, limit)     # low: calls >= target (threshold 0 computes every step)
+    low, high = 0.0, min(MATCH_FIRST, limit)     # low: calls >= target (threshold 0 computes every step)
     while at(high)["calls"] > target and high < limit:
         low, high = high, min(high * 2, limit)
     if at(high)["calls"] > target:

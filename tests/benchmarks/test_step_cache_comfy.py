@@ -21,7 +21,7 @@ def test_the_bracket_holds_the_target_between_its_sides():
     found = bench.matched(runs, lambda t: t, 12.1, limit=3.0)
     assert found["under"]["calls"] <= 12.1 <= found["over"]["calls"]
     assert found["over"]["threshold"] < found["under"]["threshold"]
-    doublings = math.ceil(math.log2(3.0 / 0.05))          # from the first threshold tried up to the limit
+    doublings = math.ceil(math.log2(3.0 / bench.MATCH_FIRST))          # from the first threshold tried up to the limit
     assert len(runs.tried) <= 1 + doublings + bench.MATCH_ROUNDS    # the bracket found, then halved
 
 
