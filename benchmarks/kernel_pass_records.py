@@ -27,6 +27,7 @@ from typing import Optional
 from ..compiler.passes import PASSES
 from ..compiler.passes.kernel_records import (RECORDS_FILE, GpuClass, KernelRecord, load_records, merged,
                                              records_text)
+from .gpu_args import check_case_reps_and_cuda, listed
 
 MEASURED_PASSES = ("fuse_geglu", "fuse_group_norm_silu")  # the kernel passes whose gate asks a record in mode balanced
 KERNEL_PASSES = tuple(p.name for p in PASSES if p.kernel_op)
@@ -143,21 +144,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             parser.error(str(exc))
         print(f"{args.records_file.name}: {len(both)} record(s)")
         return 0
-    from .gpu_suite import FULL_CASES
-
-    names = [c.name for c in FULL_CASES]
-    if args.case not in names:
-        parser.error(f"--case: use one of {', '.join(names)}")
-    passes = tuple(p for p in args.passes.split(",") if p)
-    unknown = [p for p in passes if p not in KERNEL_PASSES]
-    if unknown or not passes:
-        parser.error(f"--passes: {', '.join(unknown) or 'none given'}; Kiln's kernel passes are {', '.join(KERNEL_PASSES)}")
-    if not 1 <= args.reps <= 100:
-        parser.error("--reps: a whole number from 1 to 100")
-    import torch
-
-    if not torch.cuda.is_available():
-        parser.error("no CUDA device: the records measure a GPU; run on a CUDA machine")
+    passes = listed(parser, "--passes", args.passes, KERNEL_PASSES, "Kiln's kernel passes")
+    check_case_reps_and_cuda(parser, args.case, args.reps, "the records measure a GPU")
     args.out.mkdir(parents=True, exist_ok=True)
     measure(args.case, passes, args.reps, args.out)
     return 0

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from .gpu_args import check_case_reps_and_cuda, listed
+
 PROFILED_STEPS = 3
 DEFAULT_VARIANTS = ("kiln balanced whole", "torch.compile")
 DEFAULT_REPS = 10
@@ -154,21 +156,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--reps", type=int, default=DEFAULT_REPS)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args(argv)
-    from .gpu_suite import FULL_CASES, VARIANTS
+    from .gpu_suite import VARIANTS
 
-    names = [c.name for c in FULL_CASES]
-    if args.case not in names:
-        parser.error(f"--case: use one of {', '.join(names)}")
-    variants = tuple(v for v in args.variants.split(",") if v)
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or not variants:
-        parser.error(f"--variants: unknown {unknown or 'none given'}; known: {', '.join(VARIANTS)}")
-    if not 1 <= args.reps <= 100:
-        parser.error("--reps: a whole number from 1 to 100")
-    import torch
-
-    if not torch.cuda.is_available():
-        parser.error("no CUDA device: the kernel table profiles a GPU; run on a CUDA machine")
+    variants = listed(parser, "--variants", args.variants, VARIANTS, "the GPU suite's variants")
+    check_case_reps_and_cuda(parser, args.case, args.reps, "the kernel table profiles a GPU")
     args.out.mkdir(parents=True, exist_ok=True)
     run(args.case, variants, args.reps, args.out)
     return 0

@@ -3,7 +3,9 @@
 One loop for every one of them (testing/digits_unet.py, shapes_unet.py, textures_dit.py): each says
 how a batch is drawn (`batch(n)` -> the model's inputs and the target) and this does the rest:
 AdamW with a one-cycle schedule, autograd on whatever mode the caller runs in, a running mean of
-the loss. `load_or_train` keeps the weights outside the repository, under `cache_dir()`
+the loss, and (where the model asks for it) an exponential moving average of the weights, which is
+what the model is then: `ema_decay` per step, the average smoothing out the last steps' noise so
+that fewer steps train a denoiser whose outputs change smoothly from step to step. `load_or_train` keeps the weights outside the repository, under `cache_dir()`
 (~/.cache/kiln/, or $XDG_CACHE_HOME/kiln/), one file per model and version, written atomically; a process that finds another training it waits for
 that one's model.
 """
@@ -74,9 +76,12 @@ class TrainReport:
 
 
 def train(build: Callable[[], torch.nn.Module], batch: Batch, steps: int, batch_size: int, seed: int = 0,
-          progress: Optional[Progress] = None) -> tuple[torch.nn.Module, TrainReport]:
+          progress: Optional[Progress] = None, ema_decay: Optional[float] = None
+          ) -> tuple[torch.nn.Module, TrainReport]:
     """`build()`'s model (built after the seed is set) trained for `steps` on `batch(batch_size)`'s
-    examples (MSE to the target); returned in eval mode without gradients."""
+    examples (MSE to the target); returned in eval mode without gradients. With `ema_decay` the
+    returned weights are the moving average (`average += (1 - ema_decay) * (weights - average)` after
+    every step, starting from the first step's weights), not the last step's."""
     # with autograd on, also where the caller runs without it (Kiln's tests do) or in inference mode
     # (where enable_grad alone still makes inference tensors, weights and data, that backward refuses)
     with torch.inference_mode(False), torch.enable_grad():
@@ -86,6 +91,7 @@ def train(build: Callable[[], torch.nn.Module], batch: Batch, steps: int, batch_
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=steps, pct_start=0.1)
         start = time.perf_counter()
         ema = None
+        average = None
         for step in range(steps):
             inputs, target = batch(batch_size)
             loss = torch.nn.functional.mse_loss(model(*inputs), target)
@@ -93,10 +99,27 @@ def train(build: Callable[[], torch.nn.Module], batch: Batch, steps: int, batch_
             loss.backward()
             opt.step()
             sched.step()
+            if ema_decay is not None:
+                average = _moving_average(model, average, ema_decay)
             ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
             if progress is not None and (step + 1) % 100 == 0:
                 progress(step + 1, ema)
+        if average is not None:
+            with torch.no_grad():
+                for weight, averaged in zip(model.parameters(), average):
+                    weight.copy_(averaged)
     return model.eval().requires_grad_(False), TrainReport(steps, time.perf_counter() - start, ema)
+
+
+def _moving_average(model: torch.nn.Module, average: Optional[list[torch.Tensor]], decay: float
+                    ) -> list[torch.Tensor]:
+    """The weights' moving average after one more step: a copy of them at the first."""
+    with torch.no_grad():
+        if average is None:
+            return [p.detach().clone() for p in model.parameters()]
+        for averaged, weight in zip(average, model.parameters()):
+            averaged.lerp_(weight, 1 - decay)
+    return average
 
 
 def load_or_train(path: Path, empty: Callable[[], torch.nn.Module],

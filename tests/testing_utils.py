@@ -75,3 +75,21 @@ def fail_lowering_of_width(monkeypatch, width: int) -> None:
         return real(self, gm, example_inputs, *args, **kwargs)
 
     monkeypatch.setattr(lowering_module, "lower_graph", lower)
+
+
+def answer_region_timings(monkeypatch, answers: list) -> list:
+    """Each region timing the region choice asks for is the next of `answers` (RegionTiming's fields); both
+    sides still run once, as a timing would. Returns the list the devices asked for are appended to."""
+    from kiln.compiler.regional import region_choice
+    from kiln.compiler.regional.region_choice import RegionTiming, fresh_copies
+
+    devices = []
+
+    def fake(compiled, eager, args, kwargs, device, rounds=region_choice.ROUNDS):
+        devices.append(device)
+        compiled(*fresh_copies(args, kwargs))
+        eager(*fresh_copies(args, kwargs))
+        return RegionTiming(*answers.pop(0))
+
+    monkeypatch.setattr(region_choice, "time_both", fake)
+    return devices

@@ -8,11 +8,10 @@ import torch
 
 import kiln
 from kiln.compiler import CompileOptions, OptionsError
-from kiln.compiler.regional import glue, region_choice, regional_compile
+from kiln.compiler.regional import glue, regional_compile
 from kiln.compiler.regional.blocks import regions_of
-from kiln.compiler.regional.region_choice import RegionTiming, fresh_copies
 from kiln.testing.models import MODELS
-from testing_utils import Block, rel_err
+from testing_utils import Block, answer_region_timings, rel_err
 
 
 class Embed(torch.nn.Module):
@@ -72,16 +71,7 @@ def _on_cuda(monkeypatch, answers):
     sides still run once, as a timing would). The devices the timings were asked for are returned."""
     monkeypatch.setattr(glue, "model_device", lambda module: "cuda")
     monkeypatch.setattr(regional_compile, "device_type_of", lambda values: "cuda")
-    devices = []
-
-    def fake(compiled, eager, args, kwargs, device, rounds=region_choice.ROUNDS):
-        devices.append(device)
-        compiled(*fresh_copies(args, kwargs))
-        eager(*fresh_copies(args, kwargs))
-        return RegionTiming(*answers.pop(0))
-
-    monkeypatch.setattr(region_choice, "time_both", fake)
-    return devices
+    return answer_region_timings(monkeypatch, answers)
 
 
 def _run(module, cache_dir=None, **options):

@@ -4,9 +4,8 @@ set to "cuda" and the timings injected."""
 import torch
 
 import kiln
-from kiln.compiler.regional import gpu_choice, region_choice, regional_compile
-from kiln.compiler.regional.region_choice import RegionTiming, fresh_copies
-from testing_utils import rel_err
+from kiln.compiler.regional import gpu_choice, regional_compile
+from testing_utils import answer_region_timings, rel_err
 
 
 class Mix(torch.nn.Module):
@@ -33,23 +32,10 @@ class Widths(torch.nn.Module):
         return x
 
 
-def _answering(monkeypatch, answers):
-    devices = []
-
-    def fake(compiled, eager, args, kwargs, device, rounds=region_choice.ROUNDS):
-        devices.append(device)
-        compiled(*fresh_copies(args, kwargs))
-        eager(*fresh_copies(args, kwargs))
-        return RegionTiming(*answers.pop(0))
-
-    monkeypatch.setattr(region_choice, "time_both", fake)
-    return devices
-
-
 def _run(monkeypatch, device, answers):
     if device == "cuda":
         monkeypatch.setattr(regional_compile, "device_type_of", lambda values: "cuda")
-    devices = _answering(monkeypatch, answers)
+    devices = answer_region_timings(monkeypatch, answers)
     torch.manual_seed(0)
     module, x = Widths().eval(), torch.randn(2, 4, 5, 5)
     compiled = kiln.compile(module, mode="balanced")
