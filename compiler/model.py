@@ -33,7 +33,8 @@ import torch
 from .torch_compat import dynamo, versions
 from .backend.context import CompileUnit, ModelContext
 from .backend.dynamo_backend import KilnBackend
-from .regional.blocks import has_repeated_blocks, regions_of
+from .regional.blocks import find_blocks, has_repeated_blocks, regions_of
+from .memory_budget import MemoryVerdict
 from .cache import GraphCache
 from .graphs.fidelity_guard import region_check
 from .graphs.for_model import graphs_for_model
@@ -51,6 +52,10 @@ log = logging.getLogger("kiln")
 _MEMO = "_kiln_models"        # module.__dict__: {plan key: KilnModel}
 _LAST_PLAN = "_kiln_last_plan"  # module.__dict__: the plan most recently asked for, to say what changed
 WHOLE_MODEL = "whole model"     # compiled whole: the fidelity guard's name for its one region
+
+
+WHOLE_PARTLY_LOADED = ("the model compiles whole and its host loaded it only partly (weights streamed per call): "
+                       "its calls run eagerly until it is loaded whole (by blocks, only the streamed blocks would)")
 
 
 class KilnUnavailable(RuntimeError):
@@ -109,6 +114,9 @@ class KilnModel(torch.nn.Module):
         self._cuda_graphs: Optional[CudaGraphBudget] = None
         # with cuda_graphs auto on a CUDA device: the whole call recorded and replayed (compiler/graphs)
         self._whole_call = None
+        # the host's memory verdict for the calls from now on (compiler/memory_budget.py; use_memory)
+        self.memory = MemoryVerdict(fits=True)
+        self._eager_blocks: frozenset = frozenset()
 
     @property
     def original(self) -> torch.nn.Module:
@@ -128,17 +136,36 @@ class KilnModel(torch.nn.Module):
         self._regions.wait_lowered(timeout)
         return self._regions.waiting_regions()
 
+    def use_memory(self, verdict: MemoryVerdict) -> None:
+        """The host's memory verdict (compiler/memory_budget.py) for the calls from now on: its blocks with
+        streamed weights run eagerly, and no whole-call CUDA graph records where it says so. Each new reason
+        is said once, in the log and the stats' warnings; `stats.memory` keeps the verdict in force."""
+        if verdict.why and self.stats.warn_once(f"memory: {verdict.why}"):
+            log.warning("Kiln: %s: %s", label_of(self.original), verdict.why)
+        self.memory = self.stats.memory = verdict
+        self._eager_blocks = frozenset(verdict.eager_blocks)
+
+    def blocks(self) -> list:
+        """(path, block) for the model's blocks, as its compile by blocks finds them (compiler/regional/blocks.py):
+        the paths a memory verdict names."""
+        return find_blocks(self.original)
+
     # ---- the call guard --------------------------------------------------------------------
 
     def forward(self, *args, **kwargs):
         module = self.original
         compiled = None if self.stats.fallback else self._compiled or self._regions or self._prepare()
+        if compiled is not None and compiled is self._compiled and not self.memory.fits:
+            # compiled whole, no block can be left out of the graph: this call runs as the host loaded it
+            if self.stats.warn_once(WHOLE_PARTLY_LOADED):
+                log.warning("Kiln: %s: %s", label_of(module), WHOLE_PARTLY_LOADED)
+            return module(*args, **kwargs)
         return self._call(compiled, module, args, kwargs)
 
     def _call(self, compiled, module, args, kwargs):
         if compiled is None:
             return module(*args, **kwargs)
-        if self._whole_call is not None:
+        if self._whole_call is not None and self.memory.cuda_graphs:
             return self._whole_call(lambda a, k: self._run(compiled, module, a, k), args, kwargs)
         if self._cuda_graphs is not None:
             with self._cuda_graphs.for_call(input_shapes(args, kwargs)):
@@ -149,7 +176,7 @@ class KilnModel(torch.nn.Module):
         if compiled is self._regions:
             if compiled.every_region_eager():
                 return module(*args, **kwargs)
-            with self._regions.routed(self.progress, args, kwargs):
+            with self._regions.routed(self.progress, args, kwargs, self._eager_blocks):
                 return module(*args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
         mark_schedule_dynamic(args, kwargs)
