@@ -93,8 +93,9 @@ def memory_verdict(memory: DeviceMemory, blocks: Sequence[BlockWeights] = ()) ->
     return MemoryVerdict(fits=False, eager_blocks=tuple(block.path for block in streamed), cuda_graphs=False, why=(
         f"{numbers}: the host streams {_gib(streamed_bytes)} per call ({_gib(in_blocks)} of it in {len(streamed)} of "
         f"{len(blocks)} blocks); those blocks run eagerly through its own offload path, the {resident_blocks} "
-        f"resident ones compile, no whole-call CUDA graph"))
+        f"resident ones compile as usual, no whole-call CUDA graph"))
 
 
 def _gib(nbytes: int) -> str:
-    return f"{nbytes / GIB:.2f} GiB"
+    """GiB with two decimals; a size under a tenth of one in MiB."""
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB // 10 else f"{nbytes / 2**20:.1f} MiB"
