@@ -102,3 +102,20 @@ def test_a_kiln_model_runs_the_blocks_a_verdict_names_eagerly_and_the_others_com
     assert info.compile_count >= 1 and info.fallback is None
     assert info.memory.eager_blocks == ("blocks.1",) and "memory: streamed: blocks.1" in info.warnings
     assert "memory: streamed: blocks.1" in info.summary()
+
+
+def test_a_model_compiled_whole_runs_a_partly_loaded_call_eagerly_and_says_why():
+    from kiln.compiler import CompileOptions, compile, stats
+    from kiln.compiler.model import WHOLE_PARTLY_LOADED
+
+    torch.manual_seed(0)
+    model = Blocks()
+    x = torch.randn(2, 8)
+    compiled = compile(model, CompileOptions(mode="fast", compile_unit="whole"))
+    compiled.use_memory(MemoryVerdict(fits=False, cuda_graphs=False, why="streamed"))
+    assert torch.allclose(compiled(x), model(x))
+    info = stats(compiled)
+    assert info.compile_count == 0 and WHOLE_PARTLY_LOADED in info.warnings
+    compiled.use_memory(MemoryVerdict(fits=True))   # loaded whole again: it compiles
+    assert torch.allclose(compiled(x), model(x), atol=1e-6)
+    assert stats(compiled).compile_count == 1
