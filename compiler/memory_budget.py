@@ -11,8 +11,11 @@ them), `memory_verdict` decides:
   `inference_bytes` free beyond the load (RECORDING_ROOM_RULE: the recording's pool holds the call's
   activations a second time, beside what the host keeps free for the eager call).
 - **partly resident**: the blocks with streamed weights (`BlockWeights.streamed_bytes > 0`) run
-  eagerly, through the host's own offload path; the resident blocks compile as usual; no whole-call
-  CUDA graph. The verdict's `why` says so with the numbers (model, resident, streamed, free, cap).
+  eagerly, through the host's own offload path (its copies overlap the compute there; traced, they would
+  not); the resident blocks compile as usual; no whole-call CUDA graph. The verdict's `why` says so with
+  the numbers (model, resident, streamed, free, cap). A model compiled whole cannot leave a block out: it
+  keeps its graph, with the host's casts in it (compiled code frees each copy after its last use, as the
+  host's eager code does), and says so (KilnModel.use_memory).
 
 A pure function of typed bytes: tested on a CPU with any sizes.
 """

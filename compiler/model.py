@@ -54,8 +54,8 @@ _LAST_PLAN = "_kiln_last_plan"  # module.__dict__: the plan most recently asked 
 WHOLE_MODEL = "whole model"     # compiled whole: the fidelity guard's name for its one region
 
 
-WHOLE_PARTLY_LOADED = ("the model compiles whole and its host loaded it only partly (weights streamed per call): "
-                       "its calls run eagerly until it is loaded whole (by blocks, only the streamed blocks would)")
+WHOLE_PARTLY_LOADED = ("the model compiles whole, so the blocks its host streams are in the graph with the host's "
+                       "casts of their weights (by blocks they would run eagerly, through the host's own offload path)")
 
 
 class KilnUnavailable(RuntimeError):
@@ -155,11 +155,10 @@ class KilnModel(torch.nn.Module):
     def forward(self, *args, **kwargs):
         module = self.original
         compiled = None if self.stats.fallback else self._compiled or self._regions or self._prepare()
-        if compiled is not None and compiled is self._compiled and not self.memory.fits:
-            # compiled whole, no block can be left out of the graph: this call runs as the host loaded it
+        if compiled is not None and compiled is self._compiled and self.memory.eager_blocks:
+            # compiled whole, no block can be left out of the graph: the host's casts of its streamed layers are in it
             if self.stats.warn_once(WHOLE_PARTLY_LOADED):
-                log.warning("Kiln: %s: %s", label_of(module), WHOLE_PARTLY_LOADED)
-            return module(*args, **kwargs)
+                log.info("Kiln: %s: %s", label_of(module), WHOLE_PARTLY_LOADED)
         return self._call(compiled, module, args, kwargs)
 
     def _call(self, compiled, module, args, kwargs):
