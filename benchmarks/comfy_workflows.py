@@ -2,7 +2,7 @@
 Flux with random weights), through ComfyUI's own model classes, patching, samplers and nodes:
 
     python -m kiln.benchmarks.comfy_workflows --comfyui PATH --model sd15|sdxl|flux [--size tiny|full]
-        [--device cpu|cuda] [--steps 8] [--memory-gb 16 --reserve-vram 1] [--via-file] [--tag NAME]
+        [--device cpu|cuda] [--steps 8] [--memory-gb 16 --reserve-vram 1] [--dynamic-vram] [--via-file] [--tag NAME]
 
 Rows (VARIANTS), each the node chain a workflow builds, run in this order: eager; core's EasyCache;
 core's TorchCompileModel (inductor); core's EasyCache after it; Kiln › Compile UNet as shipped (its
@@ -22,7 +22,11 @@ full layout (`--size full`, the default on CUDA) or a tiny one (`--size tiny`, t
 included; full size only, tiny layouts are not detectable). The text encoders and the VAE are left
 out: conditioning is random tensors of the encoders' shapes, and a row's "image" is its latents.
 `--memory-gb G` caps the process's CUDA memory at G GiB (torch.cuda.set_per_process_memory_fraction),
-`--reserve-vram` is ComfyUI's own flag. Writes <out>/<date>-<device>-comfyui[-<tag>].json and .log.
+`--reserve-vram` is ComfyUI's own flag. Under a cap each row says how ComfyUI loaded the model (`load`: all of
+it, or part under its partial load), its CUDA memory peak, Kiln's memory verdict (nodes/partial_load.py: the
+blocks ComfyUI streams run eagerly) and, where it ran out of memory, `out_of_memory` instead of its times.
+`--dynamic-vram` starts ComfyUI's dynamic VRAM as main.py does (CUDA, ComfyUI 0.33+): eager and core's rows then
+run on core's default loading, Kiln on the non-dynamic copy it takes in a server. Writes <out>/<date>-<device>-comfyui[-<tag>].json and .log.
 """
 from __future__ import annotations
 
@@ -123,9 +127,36 @@ def import_comfyui(args) -> None:
             args.reserve_vram = max(0.0, total / 2**30 - args.memory_gb)
     if args.reserve_vram is not None:
         comfy.cli_args.args.reserve_vram = args.reserve_vram
+    if args.dynamic_vram:
+        start_dynamic_vram(args)
     from ..nodes import block_inputs
 
     block_inputs.register()   # what loading Kiln's node pack does in a server
+
+
+def start_dynamic_vram(args) -> None:
+    """What ComfyUI's main.py does on an NVIDIA card (ComfyUI 0.33+ with comfy-aimdo): comfy-aimdo started with
+    ComfyUI's reserve as its VRAM headroom (how a cap holds for the weights it streams, which the caching
+    allocator's memory fraction does not see), the device registered, ModelPatcherDynamic the core patcher. Then
+    eager and core's rows run on core's default (dynamic VRAM, whose streamed weights a compile must not trace);
+    Kiln and core's TorchCompileModel take the non-dynamic copy, as in a server. Fails naming what is missing."""
+    try:
+        import comfy_aimdo.control as aimdo
+        import comfy.memory_management
+        import comfy.model_patcher
+    except ImportError as exc:
+        raise SystemExit(f"--dynamic-vram: this ComfyUI has no dynamic VRAM ({exc}); ComfyUI 0.33+ with comfy-aimdo")
+    headroom = None if args.reserve_vram is None else int(args.reserve_vram * 2**30)
+    try:
+        started = aimdo.init(simple_vram_headroom=headroom, nvml_pressure=True)
+    except TypeError:   # comfy-aimdo 0.4.9's protocol
+        started = aimdo.init()
+    import comfy.model_management as mm
+
+    if not started or not aimdo.init_devices(d.index for d in mm.get_all_torch_devices()):
+        raise SystemExit("--dynamic-vram: comfy-aimdo did not start on this device (its log above says why)")
+    comfy.model_patcher.CoreModelPatcher = comfy.model_patcher.ModelPatcherDynamic
+    comfy.memory_management.aimdo_enabled = True
 
 
 def dtype_of(args):
@@ -163,7 +194,8 @@ def build_model(args, log=print):
         log(f"loaded back through comfy.sd.load_diffusion_model: {type(patcher.model).__name__}, {path.stat().st_size / 2**30:.1f} GiB")
         path.unlink()
         return patcher
-    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=offload)
+    patcher = comfy.model_patcher.CoreModelPatcher if args.dynamic_vram else comfy.model_patcher.ModelPatcher
+    return patcher(model, load_device=device, offload_device=offload)
 
 
 def conditioning(args, batch: int = 1):
@@ -263,25 +295,63 @@ def run_rows(args, base, log) -> tuple[list[dict], dict]:
         model = base if node is None else node(models[parent], args.kiln_advanced) if node is _kiln \
             else node(models[parent])
         models[name] = model
-        t0 = time.perf_counter()
-        sample(args, model, args.steps)
-        warmup = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        latents = sample(args, model, args.steps)
-        seconds = time.perf_counter() - t0
+        peak_from()
+        try:
+            t0 = time.perf_counter()
+            sample(args, model, args.steps)
+            warmup = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            latents = sample(args, model, args.steps)
+            seconds = time.perf_counter() - t0
+        except torch.cuda.OutOfMemoryError as exc:   # under --memory-gb: the row's answer, and the next rows still run
+            row = {"variant": name, "out_of_memory": str(exc)[:300], "load": load_of(model), "peak_gib": peak_from()}
+            rows.append(row)
+            log(format_row(row))
+            free_device()
+            continue
         if name == "eager":
             reference = latents
         row = {"variant": name, "s_per_it": seconds / args.steps, "warmup_s": warmup,
-               "psnr_db": None if reference is None or name == "eager" else _psnr(latents, reference)}
+               "psnr_db": None if reference is None or name == "eager" else _psnr(latents, reference),
+               "load": load_of(model), "peak_gib": peak_from()}
         stats = kiln_stats(model) if name.startswith("kiln") else None
         if stats is not None:
+            memory = stats.memory
             row["kiln"] = {"graphs": stats.compile_count, "recompiles": len(stats.recompiles),
                            "recompile_reasons": sorted({c.reason[:200] for c in stats.recompiles}),
                            "fallback": stats.fallback, "eager_calls": stats.eager_calls,
-                           "regions_eager": stats.regions_eager}
+                           "regions_eager": stats.regions_eager,
+                           "memory": None if memory is None else {"fits": memory.fits, "why": memory.why,
+                                                                   "blocks_eager": len(memory.eager_blocks),
+                                                                   "cuda_graphs": memory.cuda_graphs}}
         rows.append(row)
         log(format_row(row))
     return rows, models
+
+
+def load_of(model) -> dict:
+    """How ComfyUI loaded the row's model for its last sampling: its bytes on the device of all its bytes (fewer
+    under its partial load, or dynamic VRAM's streaming)."""
+    size, loaded = model.model_size(), model.loaded_size()
+    return {"model_bytes": size, "loaded_bytes": loaded, "partly": loaded < size}
+
+
+def peak_from() -> float | None:
+    """The CUDA memory peak since the last call, in GiB (None off CUDA); the peak starts again from here."""
+    if not torch.cuda.is_available():
+        return None
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return round(peak, 3)
+
+
+def free_device() -> None:
+    """After a row ran out of memory: every model off the device and the allocator's cache freed, as ComfyUI does
+    after a failed prompt."""
+    import comfy.model_management as mm
+
+    mm.unload_all_models()
+    mm.soft_empty_cache()
 
 
 def _psnr(out, ref) -> float | str:
@@ -299,10 +369,21 @@ def _db(value) -> str:
 def format_row(row: dict) -> str:
     if "skipped" in row:
         return f"{row['variant']:<26} skipped: {row['skipped']}"
+    if "out_of_memory" in row:
+        return f"{row['variant']:<26} OUT OF MEMORY ({_load_words(row['load'])}): {row['out_of_memory'][:160]}"
     quality = "the reference" if row["psnr_db"] is None else f"{_db(row['psnr_db'])} vs eager"
     kiln = row.get("kiln")
     extra = f"  (Kiln: {kiln['graphs']} graph(s), {kiln['recompiles']} recompile(s))" if kiln else ""
-    return f"{row['variant']:<26} {row['s_per_it']:8.4f} s/it  warm-up {row['warmup_s']:7.1f} s  {quality}{extra}"
+    memory = (kiln or {}).get("memory") or {}
+    if memory.get("why"):
+        extra += f"\n{'':<27}Kiln's memory verdict: {memory['why']}"
+    load = f"  [{_load_words(row['load'])}]" if row.get("load", {}).get("partly") else ""
+    return (f"{row['variant']:<26} {row['s_per_it']:8.4f} s/it  warm-up {row['warmup_s']:7.1f} s  {quality}{load}"
+            f"{extra}")
+
+
+def _load_words(load: dict) -> str:
+    return f"ComfyUI loaded {load['loaded_bytes'] / 2**30:.2f} of {load['model_bytes'] / 2**30:.2f} GiB"
 
 
 def _controlnet(args, model):
@@ -407,6 +488,12 @@ def cold_starts(args, log) -> list[dict]:
             command += ["--via-file", "--weight-dtype", args.weight_dtype]
         if args.kiln_advanced:
             command += ["--kiln-advanced", args.kiln_advanced]
+        if args.dynamic_vram:
+            command += ["--dynamic-vram"]
+        if args.memory_gb:   # the same card-sized budget (and ComfyUI's reserve for it)
+            command += ["--memory-gb", str(args.memory_gb)]
+        if args.reserve_vram is not None:
+            command += ["--reserve-vram", str(args.reserve_vram)]
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.child_timeout)
         line = next((x for x in done.stdout.splitlines() if x.startswith(CHILD_MARK)), None)
         if done.returncode != 0 or line is None:
@@ -464,6 +551,8 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-gb", type=float, help="cap this process's CUDA memory at this many GiB")
     parser.add_argument("--reserve-vram", type=float, help="ComfyUI's --reserve-vram (GiB); with --memory-gb, by "
                         "default what the card has beyond the cap (ComfyUI plans by the card's free memory)")
+    parser.add_argument("--dynamic-vram", action="store_true", help="start ComfyUI's dynamic VRAM (comfy-aimdo) as its "
+                        "main.py does on an NVIDIA card: eager and core's rows on core's default loading (CUDA only)")
     parser.add_argument("--via-file", action="store_true", help="load the model through ComfyUI's loader (full size)")
     parser.add_argument("--weight-dtype", choices=("default", "fp8"), default="default",
                         help="fp8: ComfyUI loads the weights as float8_e4m3fn (with --via-file)")
@@ -484,6 +573,8 @@ def main(argv=None) -> int:
         parser.error("--steps and --check-steps must be at least 1")
     if args.via_file and args.size != "full":
         parser.error("--via-file needs --size full: ComfyUI's model detection does not read the tiny layouts")
+    if args.dynamic_vram and args.device != "cuda":
+        parser.error("--dynamic-vram needs --device cuda (comfy-aimdo streams weights to a CUDA device)")
     if args.weight_dtype == "fp8" and not args.via_file:
         parser.error("--weight-dtype fp8 needs --via-file (ComfyUI casts the weights as it loads them)")
     if args.child:
@@ -505,6 +596,7 @@ def main(argv=None) -> int:
                 "steps": args.steps, "check_steps": args.check_steps, "latent": latent_side(args),
                 "comfyui": comfyui_version.__version__, "torch": torch.__version__,
                 "memory_gb": args.memory_gb, "reserve_vram": args.reserve_vram, "via_file": args.via_file,
+                "dynamic_vram": args.dynamic_vram,
                 "weight_dtype": args.weight_dtype, "kiln_advanced": args.kiln_advanced}
     log(json.dumps(settings))
     result = {"settings": settings, "rows": [], "checks": [], "cold_starts": []}

@@ -17,15 +17,16 @@
 #   bash benchmarks/gpu_session.sh kernel-records CASE [PASS]  # kernel passes in place, on and off: their decision records
 #   bash benchmarks/gpu_session.sh quant CASE rows [VARIANT,...]  # the suite's quant rows, a process per variant, within 480 s
 #   bash benchmarks/gpu_session.sh quant CASE profile SCHEME      # torch.profiler kernel table of the quantized step
-#   bash benchmarks/gpu_session.sh comfyui sd15|sdxl|flux [default|fp8] [GB]   # Kiln in ComfyUI (the bundle in .comfy-bundle/,
+#   bash benchmarks/gpu_session.sh comfyui tests [PATH...]   # tests/comfyui on the bundle's ComfyUI (not the slow ones)
+#   bash benchmarks/gpu_session.sh comfyui sd15|sdxl|flux [default|fp8] [GB [dynamic]]   # Kiln in ComfyUI (the bundle in .comfy-bundle/,
 #                                                        #   docs/comfyui-gpu.md): the example workflows' rows, one model; GB caps CUDA memory
 #
 # Results and the raw log go to $OUT, by default benchmarks/results/gpu-<date>/.
 set -euo pipefail
-usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...] | kernel-table [CASE] | kernel-records CASE [PASS] | graphs sd15-512-cfg|sdxl-1024-cfg|flux-1024 | quant CASE rows [VARIANT,...] | quant CASE profile SCHEME | comfyui sd15|sdxl|flux [default|fp8] [GB]"
+usage="usage: gpu_session.sh tests [PATH...] | kernels | suite CASE[,CASE] [VARIANT,...] | shapes auto|dynamic|kiln [sdxl|flux] | cache | prompts [sdxl|flux] | host CASE [VARIANT,...] | kernel-table [CASE] | kernel-records CASE [PASS] | graphs sd15-512-cfg|sdxl-1024-cfg|flux-1024 | quant CASE rows [VARIANT,...] | quant CASE profile SCHEME | comfyui sd15|sdxl|flux [default|fp8] [GB [dynamic]] | comfyui tests [PATH...]"
 part="${1:-}"
 case "$part ${2:-}" in
-    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|"prompts "|"prompts sdxl"|"prompts flux"|host\ ?*|quant\ ?*|"comfyui sd15"|"comfyui sdxl"|"comfyui flux") ;;
+    tests\ *|"kernels "|suite\ ?*|"shapes auto"|"shapes dynamic"|"shapes kiln"|"cache "|"prompts "|"prompts sdxl"|"prompts flux"|host\ ?*|quant\ ?*|"comfyui sd15"|"comfyui sdxl"|"comfyui flux"|"comfyui tests") ;;
     kernel-table\ *|kernel-records\ ?*) ;;
     "graphs sd15-512-cfg"|"graphs sdxl-1024-cfg"|"graphs flux-1024") [ $# -eq 2 ] || { echo "$usage" >&2; exit 2; } ;;
     *) echo "$usage" >&2; exit 2 ;;
@@ -54,9 +55,15 @@ if [ "$part" = quant ]; then  # a case name (it names the folder), then rows [va
         *) echo "$usage" >&2; exit 2 ;;
     esac
 fi
-if [ "$part" = comfyui ]; then  # weights as loaded (fp8: ComfyUI casts them as it loads), a memory cap in GiB
+if [ "$part" = comfyui ] && [ "$2" = tests ]; then  # only the ComfyUI test files and folders of this checkout
+    for path in "${@:3}"; do
+        case "$path" in *..*) echo "$usage" >&2; exit 2 ;; tests/comfyui*) [ -e "$path" ] || { echo "$usage" >&2; exit 2; } ;;
+            *) echo "$usage" >&2; exit 2 ;; esac
+    done
+elif [ "$part" = comfyui ]; then  # weights as loaded (fp8: ComfyUI casts them as it loads), a memory cap in GiB
     case "${3:-}" in ""|default|fp8) ;; *) echo "$usage" >&2; exit 2 ;; esac
-    [[ "${4:-}" =~ ^([0-9]+(\.[0-9]+)?)?$ ]] && [ $# -le 4 ] || { echo "$usage" >&2; exit 2; }
+    [[ "${4:-}" =~ ^([0-9]+(\.[0-9]+)?)?$ ]] && { [ $# -le 4 ] || { [ $# -eq 5 ] && [ "$5" = dynamic ]; }; } \
+        || { echo "$usage" >&2; exit 2; }
 fi
 if [ "$part" = tests ]; then  # only test files and folders of this checkout
     for path in "${@:2}"; do
@@ -180,12 +187,19 @@ case "$part" in
         python3 -m tarfile -e "$bundle/comfyui.tar.xz" "$comfy_root"
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$comfy_root/site" "$bundle"/wheels/*.whl
         export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$comfy_root/site"
+        mkdir -p "$out/comfyui"
+        if [ "$2" = tests ]; then  # the project's ComfyUI tests on the bundle's tree (ComfyUI with --cpu, as in CI)
+            paths=("${@:3}"); if [ ${#paths[@]} -eq 0 ]; then paths=(tests/comfyui); fi
+            COMFYUI_PATH="$comfy_root/ComfyUI" timeout 540 python3 -m pytest -p no:cacheprovider -q --tb=short -rfEs \
+                -m "not slow" "${paths[@]}" 2>&1 | tee "$out/comfyui/tests.log"
+            exit "${PIPESTATUS[0]}"
+        fi
         model="$2" weights="${3:-default}" tag="$2"
         args=(--model "$model" --device cuda --steps 8)
         if [ "$model" != flux ] || [ "$weights" = fp8 ]; then args+=(--via-file --weight-dtype "$weights"); fi
         if [ "$weights" = fp8 ]; then tag+="-fp8"; fi
         if [ -n "${4:-}" ]; then args+=(--memory-gb "$4"); tag+="-${4}gb"; fi
-        mkdir -p "$out/comfyui"
+        if [ "${5:-}" = dynamic ]; then args+=(--dynamic-vram); tag+="-dynamic"; fi  # core's default: dynamic VRAM
         timeout 480 python3 -m kiln.benchmarks.comfy_workflows --comfyui "$comfy_root/ComfyUI" "${args[@]}" --tag "$tag" \
             --out "$out/comfyui" 2>&1 | tee "$out/comfyui/run-$tag.out" ;;
     cache)  # time to first step in fresh processes: Kiln cold, Kiln warm from its cache, torch.compile cold and warm

@@ -4,6 +4,7 @@ from .cache import (CACHE_MODES, CacheEntryError, CacheError, CacheLocationError
                     CacheStore, CacheTrustError, cache_problem, default_cache_dir, describe_cache, server_cache_dir)
 from .host_inputs import HostInputs, host_inputs, use_host_inputs
 from .host_layers import HostLayers, host_layers, use_host_layers
+from .memory_budget import BlockWeights, DeviceMemory, MemoryVerdict, memory_verdict
 from .method import MethodModule, label_of, method_module
 from .options.modes import LOWERINGS, MODES, Lowering
 from .model import KilnModel, KilnUnavailable, kernel_note, model_for, unavailable_reason
@@ -33,4 +34,5 @@ __all__ = ["compile", "stats", "wait_lowered", "HostInputs", "host_inputs", "use
            "marked_formats", "reader_for", "READER_KILN", "READER_COMFYUI", "quantized_file_readers",
            "CacheOptions", "CacheOptionsError", "CACHE_MODES", "CacheStore", "CacheTrustError",
            "CacheEntryError", "CacheError", "CacheLocationError", "cache_problem", "default_cache_dir",
-           "server_cache_dir", "describe_cache", "tensorwise_fp8_linear"]
+           "server_cache_dir", "describe_cache", "tensorwise_fp8_linear",
+           "BlockWeights", "DeviceMemory", "MemoryVerdict", "memory_verdict"]

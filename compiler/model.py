@@ -35,7 +35,8 @@ from .torch_compat import dynamo, versions
 from .backend.context import CompileUnit, ModelContext
 from .backend.dynamo_backend import KilnBackend
 from .regional import glue
-from .regional.blocks import has_repeated_blocks, regions_of
+from .regional.blocks import find_blocks, has_repeated_blocks, regions_of
+from .memory_budget import MemoryVerdict
 from .cache import GraphCache
 from .graphs.fidelity_guard import region_check
 from .graphs.for_model import graphs_for_model
@@ -53,6 +54,10 @@ log = logging.getLogger("kiln")
 _MEMO = "_kiln_models"        # module.__dict__: {plan key: KilnModel}
 _LAST_PLAN = "_kiln_last_plan"  # module.__dict__: the plan most recently asked for, to say what changed
 WHOLE_MODEL = "whole model"     # compiled whole: the fidelity guard's name for its one region
+
+
+WHOLE_PARTLY_LOADED = ("the model compiles whole, so the blocks its host streams are in the graph with the host's "
+                       "casts of their weights (by blocks they would run eagerly, through the host's own offload path)")
 
 
 class KilnUnavailable(RuntimeError):
@@ -111,6 +116,9 @@ class KilnModel(torch.nn.Module):
         self._cuda_graphs: Optional[CudaGraphBudget] = None
         # with cuda_graphs auto on a CUDA device: the whole call recorded and replayed (compiler/graphs)
         self._whole_call = None
+        # the host's memory verdict for the calls from now on (compiler/memory_budget.py; use_memory)
+        self.memory = MemoryVerdict(fits=True)
+        self._eager_blocks: frozenset = frozenset()
 
     @property
     def original(self) -> torch.nn.Module:
@@ -130,17 +138,35 @@ class KilnModel(torch.nn.Module):
         self._regions.wait_lowered(timeout)
         return self._regions.waiting_regions()
 
+    def use_memory(self, verdict: MemoryVerdict) -> None:
+        """The host's memory verdict (compiler/memory_budget.py) for the calls from now on: its blocks with
+        streamed weights run eagerly, and no whole-call CUDA graph records where it says so. Each new reason
+        is said once, in the log and the stats' warnings; `stats.memory` keeps the verdict in force."""
+        if verdict.why and self.stats.warn_once(f"memory: {verdict.why}"):
+            log.warning("Kiln: %s: %s", label_of(self.original), verdict.why)
+        self.memory = self.stats.memory = verdict
+        self._eager_blocks = frozenset(verdict.eager_blocks)
+
+    def blocks(self) -> list:
+        """(path, block) for the model's blocks, as its compile by blocks finds them (compiler/regional/blocks.py):
+        the paths a memory verdict names."""
+        return find_blocks(self.original)
+
     # ---- the call guard --------------------------------------------------------------------
 
     def forward(self, *args, **kwargs):
         module = self.original
         compiled = None if self.stats.fallback else self._compiled or self._regions or self._prepare()
+        if compiled is not None and compiled is self._compiled and self.memory.eager_blocks:
+            # compiled whole, no block can be left out of the graph: the host's casts of its streamed layers are in it
+            if self.stats.warn_once(WHOLE_PARTLY_LOADED):
+                log.info("Kiln: %s: %s", label_of(module), WHOLE_PARTLY_LOADED)
         return self._call(compiled, module, args, kwargs)
 
     def _call(self, compiled, module, args, kwargs):
         if compiled is None:
             return module(*args, **kwargs)
-        if self._whole_call is not None:
+        if self._whole_call is not None and self.memory.cuda_graphs:
             return self._whole_call(lambda a, k: self._run(compiled, module, a, k), args, kwargs)
         if self._cuda_graphs is not None:
             with self._cuda_graphs.for_call(input_shapes(args, kwargs)):
@@ -151,7 +177,7 @@ class KilnModel(torch.nn.Module):
         if compiled is self._regions:
             if compiled.every_region_eager():
                 return module(*args, **kwargs)
-            with self._regions.routed(self.progress, args, kwargs):
+            with self._regions.routed(self.progress, args, kwargs, self._eager_blocks):
                 return module(*args, **kwargs)
         args, kwargs = contiguous_inputs(args, kwargs)
         mark_schedule_dynamic(args, kwargs)

@@ -86,6 +86,7 @@ class KilnStats:
     regions_eager: dict = field(default_factory=dict)  # region name -> why it runs eagerly by choice
     eager_kinds: dict = field(default_factory=dict)  # region name -> which kind of choice (EAGER_KINDS)
     region_timings: dict = field(default_factory=dict)  # region name -> RegionTiming: its first call, compiled and eager
+    memory: Any = None  # the host's MemoryVerdict in force (compiler/memory_budget.py): streamed blocks kept eager
     cuda_graphs: Any = None  # cuda_graphs auto on CUDA: the model's WholeCallGraphs (compiler/graphs), its report and guard
 
     def warn_once(self, note: str) -> bool:
@@ -162,6 +163,8 @@ class KilnStats:
                   if name not in self.regions_eager]
         if self.eager_calls:
             lines.append(f"{self.eager_calls} call(s) ran eagerly: {self.eager_call_reason}")
+        if self.memory is not None and self.memory.why:
+            lines.append(f"  memory: {self.memory.why}")
         lines += [f"  graph break at {where} ({n} graph(s))" for where, n in self.graph_breaks.items()]
         lines += ["  " + c.line() for c in self.compiles]
         if self.variants:
@@ -188,6 +191,7 @@ class KilnStats:
                 "cache": [asdict(event) for event in self.cache],
                 "regions": [asdict(region) for region in self.regions], "region_fallbacks": self.region_fallbacks,
                 "regions_eager": self.regions_eager, "eager_kinds": self.eager_kinds,
+                "memory": None if self.memory is None else asdict(self.memory),
                 "region_timings": {name: asdict(timing) for name, timing in self.region_timings.items()},
                 "cuda_graphs": None if self.cuda_graphs is None else {**asdict(self.cuda_graphs.report),
                                                                       "guard": self.cuda_graphs.guard.line()}}

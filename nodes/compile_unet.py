@@ -68,11 +68,25 @@ class KilnCompileUNet:
                   f"{''.join(' ' + n for n in notes if n)}")
         if asked.compile.shapes.pin:
             report += f" Pinned shapes, compiled with it: {', '.join(map(str, asked.compile.shapes.pin))}."
+        report += memory_note(model)
         problem = compiler.cache_problem(plan.cache) if plan.cache is not None else ""  # its own, or Cache Graph's
         if problem:
             report += f" Kiln's cache cannot be used: {problem}. It compiles without it."
         shared.show_report(report, problem, unique_id)
         return (patched, report)
+
+
+def memory_note(model) -> str:
+    """What ComfyUI's planning would load of the model now, where it would not load it whole (or leave too little
+    for a CUDA-graph recording): said in the report and the log (nodes/partial_load.py). "" where it fits."""
+    from . import partial_load
+
+    verdict = partial_load.predicted(model)
+    if verdict is None or not verdict.why:
+        return ""
+    note = f" Memory, as ComfyUI would load it now (its sampler's load decides): {verdict.why}."
+    log.warning("Kiln:%s", note)
+    return note
 
 
 NODE_CLASS_MAPPINGS = {"KilnCompileUNet": KilnCompileUNet}

@@ -119,6 +119,7 @@ class KilnApplyModel:
         base_model = executor.class_obj
         original = comfy.utils.get_attr(base_model, "diffusion_model")
         kiln_model = model_for(original, self.plan, progress=progress_bar())
+        self._use_memory(base_model, kiln_model)
         comfy.utils.set_attr(base_model, "diffusion_model", kiln_model)
         stats = kiln_model.stats
         cache, compiles = len(stats.cache), compile_mark(stats)
@@ -129,6 +130,18 @@ class KilnApplyModel:
             if self.show_cache_on and len(stats.cache) > cache:
                 show_text(self.show_cache_on, "\n".join(e.line() for e in stats.cache[cache:]))
             show_compiles_since(self.show_compile_on, stats, compiles)
+
+
+    def _use_memory(self, base_model, kiln_model) -> None:
+        """Tell the Kiln model how ComfyUI loaded it for this call (nodes/partial_load.py): under a partial load
+        the blocks ComfyUI streams run eagerly; a new reason is shown on the Compile UNet node."""
+        from . import partial_load
+
+        said = kiln_model.stats.memory
+        verdict = partial_load.verdict_for(base_model, kiln_model)
+        kiln_model.use_memory(verdict)
+        if verdict.why and (said is None or said.why != verdict.why):
+            show_text(self.show_compile_on, f"Kiln: {verdict.why}")
 
 
 CORE_REPLACED = "replaced ComfyUI's TorchCompileModel wrapper (two compilers cannot both own the model)"

@@ -32,6 +32,18 @@ def make_base_dir(base: Path, models: Mapping[str, Mapping[str, Path]], pack: Pa
             link.symlink_to(Path(target).resolve())
 
 
+def headless_front_end(comfyui: Path, python: str) -> list:
+    """["--front-end-root", <comfyui>/web] where `python` lacks ComfyUI's frontend package and the tree has an
+    empty web/ to serve instead (a ComfyUI bundle for a machine without network access: benchmarks/comfy_bundle.py;
+    without either, ComfyUI exits at start); [] elsewhere."""
+    web = Path(comfyui) / "web"
+    if not web.is_dir():
+        return []
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('comfyui_frontend_package') is not None)"
+    missing = subprocess.run([python, "-c", probe], cwd=comfyui, capture_output=True).returncode == 0
+    return ["--front-end-root", str(web)] if missing else []
+
+
 @contextlib.contextmanager
 def comfy_server(comfyui: Path, base: Path, port: int, python: str = sys.executable,
                  env: Optional[Mapping[str, str]] = None, timeout: float = 240.0) -> Iterator[tuple[str, dict]]:
@@ -42,7 +54,8 @@ def comfy_server(comfyui: Path, base: Path, port: int, python: str = sys.executa
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [python, "main.py", "--cpu", "--base-directory", str(base), "--listen", "127.0.0.1", "--port", str(port),
-             "--preview-method", "none", "--disable-auto-launch", "--use-pytorch-cross-attention"],
+             "--preview-method", "none", "--disable-auto-launch", "--use-pytorch-cross-attention",
+             *headless_front_end(comfyui, python)],
             cwd=comfyui, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         url = f"http://127.0.0.1:{port}"
         try:

@@ -15,20 +15,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
-def pytest_collection_modifyitems(config, items):
-    """Test files in the order the workers take them (testing/pytest_workers.py): the first file marked
-    `trained_denoiser` first, where the denoiser is not trained yet (a fresh machine) one worker trains it
-    while the others run the rest of the suite; then the other files, those with more tests first (what
-    pytest-xdist would do on its own); the other `trained_denoiser` files last, so no worker sits
-    waiting on the training lock."""
-    files: dict = {}
-    for item in items:
-        files.setdefault(item.path, []).append(item)
-    marked = [path for path, tests in files.items() if tests[0].get_closest_marker("trained_denoiser")]
-    rest = sorted((path for path in files if path not in marked), key=lambda path: -len(files[path]))
-    items[:] = [item for path in marked[:1] + rest + marked[1:] for item in files[path]]
-
-
 @pytest.fixture(autouse=True)
 def _no_grad():
     """Kiln is an inference compiler: tests run like ComfyUI does, without autograd."""

@@ -75,6 +75,11 @@ def current_call_shape() -> Optional[CallShape]:
     return _call_shape.get()
 
 
+# the sets of streamed blocks whose routes are kept (a host's partial loads differ by what else is loaded; a
+# few states recur): past it, the kept ones are dropped and made again
+MAX_EAGER_SETS = 8
+
+
 class RegionState(enum.Enum):
     """Where a region stands (see the module docstring)."""
 
@@ -525,9 +530,12 @@ class RegionalCompile:
         if self.background is not None:
             self.background.regions = self.regions
         self._routes = {}
-        for compiled, (_, blocks) in zip(self.regions, regions):
-            for block in blocks:
+        self._paths = {}  # block path -> block, for the blocks a memory verdict keeps eager
+        for compiled, (region, blocks) in zip(self.regions, regions):
+            for path, block in zip(region.members, blocks):
                 self._routes[block] = _route(compiled, block)
+                self._paths[path] = block
+        self._routes_without: dict = {frozenset(): self._routes}  # eager block paths -> the routes of the others
         stats.regions = [region for region, _ in regions]
         self._every_region_eager = False
         self.symbolic_sizes = options.symbolic_sizes
@@ -554,13 +562,21 @@ class RegionalCompile:
         return self._every_region_eager
 
     @contextlib.contextmanager
-    def routed(self, progress: Optional[Progress], args: tuple = (), kwargs: Optional[dict] = None):
+    def routed(self, progress: Optional[Progress], args: tuple = (), kwargs: Optional[dict] = None,
+               eager_blocks: frozenset = frozenset()):
         """A context for one call of the model (`args`, `kwargs`): its blocks run through their regions,
         compiled with duck sizing off, no fake-tensor dispatch cache where sizes are symbolic, a
         recompile budget sized for the model's blocks and, where the shape policy specialises, the
-        call's batch and latent for it to decide by."""
+        call's batch and latent for it to decide by. The blocks at `eager_blocks` (paths: those the host
+        streams, compiler/memory_budget.py) are not routed: they run as they are, eagerly."""
         self.progress.callback = progress
-        with module_calls.calls_routed(self._routes), dynamo.no_duck_sizing(), \
+        routes = self._routes_without.get(eager_blocks)
+        if routes is None:
+            if len(self._routes_without) >= MAX_EAGER_SETS:
+                self._routes_without = {frozenset(): self._routes}
+            eager = {self._paths[path] for path in eager_blocks if path in self._paths}
+            routes = self._routes_without[eager_blocks] = {b: r for b, r in self._routes.items() if b not in eager}
+        with module_calls.calls_routed(routes), dynamo.no_duck_sizing(), \
                 dynamo.no_fake_dispatch_cache(self.symbolic_sizes), dynamo.recompile_limit_at_least(self.budget), \
                 _call_shape_set(self._call_shape_of(args, kwargs or {}) if self.specialises else None):
             yield

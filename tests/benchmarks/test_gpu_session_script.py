@@ -96,8 +96,23 @@ def test_the_quant_part_takes_its_arguments(args):
 
 
 @pytest.mark.parametrize("args", [["comfyui"], ["comfyui", "sd99"], ["comfyui", "sd15", "int4"],
-                                  ["comfyui", "flux", "fp8", "16GB"], ["comfyui", "sdxl", "default", "16", "extra"]])
+                                  ["comfyui", "flux", "fp8", "16GB"], ["comfyui", "sdxl", "default", "16", "extra"],
+                                  ["comfyui", "flux", "default", "16", "dynamic", "extra"],
+                                  ["comfyui", "flux", "default", "", "dynamic;ls"],
+                                  ["comfyui", "tests", "tests/gpu"], ["comfyui", "tests", "tests/comfyui/../../x"],
+                                  ["comfyui", "tests", "tests/comfyui/test_no_such.py"], ["comfyui", "tests", "/etc"]])
 def test_wrong_comfyui_parts_are_refused_with_the_usage(args, tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=dict(os.environ, OUT=str(tmp_path)))
     assert done.returncode == 2 and "comfyui sd15|sdxl|flux" in done.stderr
     assert not any(tmp_path.iterdir())  # nothing ran
+
+
+@pytest.mark.parametrize("args", [["comfyui", "flux"], ["comfyui", "flux", "fp8", "16"],
+                                  ["comfyui", "flux", "default", "16", "dynamic"], ["comfyui", "tests"],
+                                  ["comfyui", "tests", "tests/comfyui/test_comfy_partial_load.py", "tests/comfyui"]])
+def test_the_comfyui_part_takes_its_arguments(args):
+    """The part's own argument check passes these, the memory cap and core's dynamic VRAM among them."""
+    check = SCRIPT.read_text().split('out="${OUT:-')[0]  # the script's argument checks, before it makes a folder
+    done = subprocess.run(["bash", "-c", check + "\necho accepted", "gpu_session.sh", *args], capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "accepted", done.stderr

@@ -27,3 +27,12 @@ def test_without_pytest_xdist_the_suite_runs_in_one_process_and_the_header_says_
         _kiln_workers: list = []
 
     assert "pytest-xdist is not installed" in pytest_workers.pytest_report_header(Config())
+
+
+def test_the_training_file_first_then_the_heaviest_files_and_the_other_trained_denoiser_files_last():
+    from kiln.testing.pytest_workers import SLOW_TEST_WEIGHT, FileWork, work_order
+
+    files = [FileWork("many_quick", SLOW_TEST_WEIGHT + 10, 0, False), FileWork("quality", 4, 4, True),
+             FileWork("two_slow", 3, 2, False), FileWork("one_slow", 1, 1, False), FileWork("bench", 1, 1, True),
+             FileWork("few_quick", 3, 0, False)]
+    assert work_order(files) == ["quality", "two_slow", "many_quick", "one_slow", "few_quick", "bench"]
