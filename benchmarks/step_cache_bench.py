@@ -15,7 +15,9 @@ per setting: PSNR and SSIM of the final latents against the uncached ones of the
 seed (worst and mean over seeds), model evaluations computed (a first_block skip runs the first
 block only, and counts as skipped), the estimated error spent, and wall-clock time against the
 uncached run of the same runner (eager against eager, compiled against compile alone), all timed
-in one process, each seed's runs back to back.
+in one process, each seed's runs back to back. The cached models are given the run's timesteps
+(recorded from one uncached run, untimed), so their start_percent and end_percent count steps, as
+ComfyUI's node does.
 """
 from __future__ import annotations
 
@@ -110,6 +112,9 @@ def _rows(kiln, bench: BenchModel, runner, runner_name: str, settings, steps: in
         t0 = time.perf_counter()
         reference = bench.sample(runner, torch.tensor([seed]), steps, seed)
         seconds[0] += time.perf_counter() - t0
+        if seed == 0:  # the run's timesteps, so the cache counts progress in steps as ComfyUI's node does
+            for model in cached:
+                model.set_timesteps(sampled_timesteps(bench, runner, steps))
         for i, model in enumerate(cached):
             t0 = time.perf_counter()
             out = bench.sample(model, torch.tensor([seed]), steps, seed)
@@ -128,6 +133,18 @@ def _rows(kiln, bench: BenchModel, runner, runner_name: str, settings, steps: in
     for row in rows:
         log(format_row(row))
     return rows
+
+
+def sampled_timesteps(bench: BenchModel, runner, steps: int) -> list[float]:
+    """The timesteps `bench.sample` calls `runner` with in a run of `steps` (one run, recorded)."""
+    seen: list[float] = []
+
+    def recording(x, t, *args):
+        seen.append(float(t.max()))
+        return runner(x, t, *args)
+
+    bench.sample(recording, torch.tensor([0]), steps, 0)
+    return seen
 
 
 def format_row(row: dict) -> str:

@@ -1,47 +1,65 @@
-"""The step cache beside ComfyUI core's EasyCache, through ComfyUI's own sampling, on the trained digits
-denoiser (testing/digits_unet.py), eager and compiled. Run with a ComfyUI's Python, its tree on COMFYUI_PATH:
+"""The step cache beside ComfyUI core's EasyCache and a First Block Cache setting at equal speed, through
+ComfyUI's own sampling, on the trained models of `kiln bench --step-cache`. Run with a ComfyUI's Python
+(with diffusers importable: the models are diffusers'), its tree on COMFYUI_PATH:
 
-    COMFYUI_PATH=~/ComfyUI ~/ComfyUI/venv/bin/python -m kiln.benchmarks.step_cache_comfy [--json PATH]
+    COMFYUI_PATH=~/ComfyUI ~/ComfyUI/venv/bin/python -m kiln.benchmarks.step_cache_comfy \\
+        [--models digits,shapes,textures] [--seeds 8] [--steps 20,30] [--json PATH]
 
-The trained UNet (diffusers) stands in for an SD1.5 checkpoint's: ComfyUI's SD1.5 BaseModel (eps, the
-same scaled-linear schedule it was trained on) runs it as its diffusion model, behind ComfyUI's
-DIFFUSION_MODEL wrappers as ComfyUI's own UNet is (EasyCache rides on those), with the class
-embeddings as the conditioning. Three groups, side by side in one process, at 20 and 30 steps
-(euler, normal, CFG 4), 8 seeds each:
-- eager: no cache; Kiln's step cache, each method at three thresholds; core's EasyCache at three;
-- Kiln › Compile UNet (balanced): no cache; Kiln's step cache, each method at its default;
-- core's compile node (TorchCompileModel, inductor): no cache; core's EasyCache at 0.05 and its default.
-Per setting: PSNR and SSIM of the final latents against the eager uncached run of the same seed, the
-diffusion model's calls (counted at the model: every skipped call is one less), and wall-clock against
-the same group's uncached run, timed after one untimed run of the same setting (which pays any
-compile; its time is reported as warm-up).
+Each trained model runs as the diffusion model of one of ComfyUI's own model classes, behind ComfyUI's
+DIFFUSION_MODEL wrappers as ComfyUI's own models are (EasyCache rides on those), with its class
+embeddings as the conditioning:
+- the digits and shapes UNets (testing/digits_unet.py, shapes_unet.py) in ComfyUI's SD1.5 BaseModel
+  (eps, the scaled-linear schedule they were trained on), scheduler normal;
+- the textures transformer (testing/textures_dit.py) in a flow BaseModel (ComfyUI's discrete flow
+  sampling with the model's shift, its timestep the sigma), scheduler simple; its conditioning is
+  its token state and pooled vector side by side in one cross-attention tensor, split again inside.
+Per model and step count (euler, CFG 4, eager, 8 seeds; each row: PSNR and SSIM of the final latents
+against the uncached run of the same seed, worst and mean, and the diffusion model's calls, counted
+at the model: every skip is one call less, a first_block skip too):
+- no cache (the reference); Kiln › Step Cache, each method at its default (choices.py), the default
+  method first; core's EasyCache at its own default (EASYCACHE_DEFAULT);
+- at equal speed: core's EasyCache (`reuse_threshold`) and Kiln's first_block (First Block Cache's
+  rule: the first block's residual) at the model calls the default method computed. Their threshold
+  is found by bisection (MATCH_ROUNDS halvings, in log terms); the two thresholds that bracket the
+  default's calls are reported, the nearest at no more calls ("at or under") and at no fewer ("at or
+  over"; one row where a threshold computes exactly the default's calls, `matched` "equal"). At or
+  over computes at least what Kiln's default computes: the fair side to compare with.
+Speed is model calls here (wall-clock on a CPU says little; `kiln bench` and the server bench time it).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import time
+import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
+from ..choices import DEFAULT_STEP_CACHE_METHOD, STEP_CACHE_THRESHOLDS
 from ..testing.comfyui_path import import_comfyui
 from ..testing.image_quality import psnr, ssim, summary, summary_line
 
-KILN_THRESHOLDS = {"reuse": (0.03, 0.05, 0.08), "first_block": (0.1, 0.15, 0.2)}
-EASYCACHE_THRESHOLDS = (0.05, 0.1, 0.2)   # core's default is 0.2
+MODELS = ("digits", "shapes", "textures")
 STEP_COUNTS = (20, 30)
+GUIDANCE = 4.0
+EASYCACHE_DEFAULT = 0.2        # core's EasyCache node's default reuse_threshold
+EASYCACHE_WINDOW = dict(start_percent=0.15, end_percent=0.95)   # core's defaults
+MATCH_ROUNDS = 5               # bisection halvings of the threshold bracket, in log terms
+MATCH_FIRST = 0.05             # the first threshold tried; doubled until it computes no more than the target
+MATCH_LIMITS = {"easycache": 3.0, "first_block": 10.0}   # the largest threshold each node accepts
+KILN_METHODS = tuple(sorted(STEP_CACHE_THRESHOLDS, key=lambda m: m != DEFAULT_STEP_CACHE_METHOD))
 
 
-class DigitsDiffusionModel(torch.nn.Module):
-    """The trained UNet called as ComfyUI calls its diffusion model, DIFFUSION_MODEL wrappers included.
-    `calls` counts the calls that ran the whole UNet (a first_block skip ends the call before)."""
+class CountedDiffusionModel(torch.nn.Module):
+    """A trained network called as ComfyUI calls its diffusion model, DIFFUSION_MODEL wrappers included.
+    `calls` counts the calls that ran the whole network (a first_block skip ends the call before)."""
 
-    def __init__(self, unet):
+    def __init__(self, network: torch.nn.Module, run: Callable):
         super().__init__()
-        self.unet = unet
-        # a tensor, counted in place: a compile of the whole model keeps it in its graph (an int
-        # attribute would be a constant that recompiles at every call)
+        self.network = network
+        self.run = run   # (network, x, timesteps, context) -> the output
         self.register_buffer("computed", torch.zeros((), dtype=torch.long), persistent=False)
         self.dtype = torch.float32  # what ComfyUI's own diffusion models say
 
@@ -52,18 +70,33 @@ class DigitsDiffusionModel(torch.nn.Module):
     def forward(self, x, timesteps=None, context=None, y=None, control=None, transformer_options={}, **kwargs):
         import comfy.patcher_extension as ext
 
+        # a copy, as the cast to a half-precision model's dtype makes on a GPU: in fp32 ComfyUI hands a flow
+        # model the sampler's own latents (CONST.calculate_input returns them, and .to(float32) keeps them),
+        # and core's EasyCache adds its cached change to its input in place, which then also changed the
+        # latents ComfyUI computes the denoised output from (measured on the textures transformer: -4.7 dB)
+        x = x.clone()
         return ext.WrapperExecutor.new_class_executor(
             self._forward, self, ext.get_all_wrappers(ext.WrappersMP.DIFFUSION_MODEL, transformer_options)
         ).execute(x, timesteps, context, y, control, transformer_options, **kwargs)
 
     def _forward(self, x, timesteps=None, context=None, y=None, control=None, transformer_options={}, **kwargs):
-        out = self.unet(x, timesteps, encoder_hidden_states=context, return_dict=False)[0]
+        out = self.run(self.network, x, timesteps, context)
         self.computed += 1
         return out
 
 
-def comfy_model(denoiser):
-    """A ModelPatcher of ComfyUI's SD1.5 BaseModel running the trained UNet."""
+@dataclass
+class ComfyBenchModel:
+    name: str
+    patcher: object                       # ComfyUI's ModelPatcher
+    counter: CountedDiffusionModel
+    conds: Callable[[int], tuple]         # seed -> (positive, negative) conditioning
+    latent: tuple                         # (channels, height, width)
+    scheduler: str
+
+
+def _patcher(network, run, model_type_name: str = "EPS", sampling_settings: dict | None = None):
+    """A ModelPatcher of a ComfyUI BaseModel (SD1.5's config, tiny) whose diffusion model is `network`."""
     import comfy.model_base
     import comfy.model_patcher
     import comfy.supported_models
@@ -73,14 +106,67 @@ def comfy_model(denoiser):
         transformer_depth=[1, 1], transformer_depth_output=[1, 1, 1, 1], transformer_depth_middle=1,
         use_spatial_transformer=True, legacy=False, use_linear_in_transformer=False, context_dim=32, num_heads=8,
         num_head_channels=-1, adm_in_channels=None, use_temporal_resblock=False, use_temporal_attention=False))
-    model = comfy.model_base.BaseModel(config, device=torch.device("cpu"))
-    model.diffusion_model = DigitsDiffusionModel(denoiser.unet)
-    return comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+    if sampling_settings is not None:
+        config.sampling_settings = sampling_settings
+    model = comfy.model_base.BaseModel(config, model_type=getattr(comfy.model_base.ModelType, model_type_name),
+                                       device=torch.device("cpu"))
+    model.diffusion_model = CountedDiffusionModel(network, run)
+    patcher = comfy.model_patcher.ModelPatcher(model, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+    return patcher, model.diffusion_model
 
 
-def _settings(base, log) -> list[tuple[str, str, object]]:
-    """(group, setting, MODEL) in the order they run; each group's first is its uncached model."""
-    from ..nodes.compile_unet import KilnCompileUNet
+def _unet(name: str, trained, kinds: int, null_class: int, latent: int) -> ComfyBenchModel:
+    def run(unet, x, timesteps, context):
+        return unet(x, timesteps, encoder_hidden_states=context, return_dict=False)[0]
+
+    def conds(seed: int):
+        return ([[trained.context(torch.tensor([seed % kinds])), {}]],
+                [[trained.context(torch.tensor([null_class])), {}]])
+
+    patcher, counter = _patcher(trained.unet, run)
+    return ComfyBenchModel(name, patcher, counter, conds, (4, latent, latent), "normal")
+
+
+def _digits(log) -> ComfyBenchModel:
+    from ..testing import digits_unet
+
+    trained = digits_unet.load_or_train(progress=lambda step, loss: log(f"  training: step {step}, loss {loss:.4f}"))
+    return _unet("digits unet", trained, 10, digits_unet.NULL_CLASS, digits_unet.LATENT)
+
+
+def _shapes(log) -> ComfyBenchModel:
+    from ..testing import shapes_unet
+
+    trained = shapes_unet.load_or_train(progress=lambda step, loss: log(f"  training: step {step}, loss {loss:.4f}"))
+    return _unet("shapes unet", trained, len(shapes_unet.SHAPES), shapes_unet.NULL_CLASS, shapes_unet.LATENT)
+
+
+def _textures(log) -> ComfyBenchModel:
+    from ..testing import textures_dit
+
+    trained = textures_dit.load_or_train(progress=lambda step, loss: log(f"  training: step {step}, loss {loss:.4f}"))
+    width = trained.token.embedding_dim
+
+    def run(transformer, x, timesteps, context):   # context: the token state and the pooled vector side by side
+        return textures_dit.velocity(transformer, x, timesteps, context[:, :1, :width], context[:, 0, width:])
+
+    def cond(classes: torch.Tensor):
+        return torch.cat([trained.token(classes), trained.pooled(classes)], -1)[:, None]
+
+    def conds(seed: int):
+        return ([[cond(torch.tensor([seed % len(textures_dit.TEXTURES)])), {}]],
+                [[cond(torch.tensor([textures_dit.NULL_CLASS])), {}]])
+
+    # ComfyUI's discrete flow sampling at the model's shift; multiplier 1: the model's timestep is the sigma
+    patcher, counter = _patcher(trained.transformer, run, "FLOW", {"shift": textures_dit.SHIFT, "multiplier": 1.0})
+    return ComfyBenchModel("textures dit", patcher, counter, conds, (4, textures_dit.LATENT, textures_dit.LATENT),
+                           "simple")
+
+
+BUILDERS = {"digits": _digits, "shapes": _shapes, "textures": _textures}
+
+
+def _nodes(log):
     from ..nodes.step_cache import KilnStepCache
 
     try:
@@ -89,93 +175,137 @@ def _settings(base, log) -> list[tuple[str, str, object]]:
         EasyCacheNode = None
         log("this ComfyUI has no EasyCache (comfy_extras/nodes_easycache.py): Kiln's rows only")
 
-    def kiln_cache(model, method, threshold=-1.0):
+    def kiln(model, method, threshold=-1.0):
         return KilnStepCache().apply(model, method=method, threshold=threshold)[0]
 
     def easycache(model, threshold):
-        return EasyCacheNode.execute(model, reuse_threshold=threshold, start_percent=0.15, end_percent=0.95,
-                                     verbose=False)[0]
+        return EasyCacheNode.execute(model, reuse_threshold=threshold, verbose=False, **EASYCACHE_WINDOW)[0]
 
-    settings = [("eager", "no cache", base)]
-    settings += [("eager", f"kiln {method} {t:g}", kiln_cache(base, method, t))
-                 for method, thresholds in KILN_THRESHOLDS.items() for t in thresholds]
-    if EasyCacheNode is not None:
-        settings += [("eager", f"easycache {t:g}", easycache(base, t)) for t in EASYCACHE_THRESHOLDS]
-    compiled = KilnCompileUNet().compile(base, mode="balanced")[0]
-    settings += [("kiln compile", "no cache", compiled)]
-    settings += [("kiln compile", f"kiln {method} default", kiln_cache(compiled, method)) for method in KILN_THRESHOLDS]
-    from comfy_extras.nodes_torch_compile import TorchCompileModel
-
-    core = TorchCompileModel.execute(base, backend="inductor")[0]   # the node itself, as a workflow runs it
-    settings += [("core compile", "no cache", core)]
-    if EasyCacheNode is not None:
-        settings += [("core compile", f"easycache {t:g}", easycache(core, t)) for t in (0.05, 0.2)]
-    return settings
+    return kiln, (easycache if EasyCacheNode is not None else None)
 
 
-def run(seeds: int = 8, step_counts=STEP_COUNTS, groups=("eager", "kiln compile", "core compile"), log=print) -> dict:
+class Runs:
+    """Runs one model's settings at one step count over the seeds, against the uncached references."""
+
+    def __init__(self, bench: ComfyBenchModel, steps: int, seeds: int):
+        import comfy.sample
+
+        self.bench, self.steps, self.seeds, self.sample_fn = bench, steps, seeds, comfy.sample.sample
+        self.references = None
+        self.references = self.run(bench.patcher)["outs"]
+
+    def sample(self, model, seed: int) -> torch.Tensor:
+        pos, neg = self.bench.conds(seed)
+        noise = torch.randn(1, *self.bench.latent, generator=torch.Generator().manual_seed(seed))
+        return self.sample_fn(model, noise, self.steps, GUIDANCE, "euler", self.bench.scheduler, pos, neg,
+                              torch.zeros_like(noise), disable_pbar=True, seed=seed)
+
+    def run(self, model) -> dict:
+        outs, calls = [], 0
+        for seed in range(self.seeds):
+            before = self.bench.counter.calls
+            outs.append(self.sample(model, seed))
+            calls += self.bench.counter.calls - before
+        row = {"calls": calls / self.seeds, "outs": outs}
+        if self.references is not None:
+            row.update(summary([(psnr(out, ref), ssim(out, ref)) for out, ref in zip(outs, self.references)]))
+        return row
+
+
+def matched(runs: Runs, build: Callable[[float], object], target: float, limit: float) -> dict:
+    """The thresholds of `build(threshold)` whose model calls bracket `target`: {"under": the row at the
+    nearest threshold computing no more than `target`, "over": ... no fewer}, each with its threshold;
+    either is None where no threshold up to `limit` reaches that side (an "over" of threshold 0 is the
+    uncached run). Calls fall as the threshold grows; a bracket is halved MATCH_ROUNDS times."""
+    tried: dict[float, dict] = {}
+
+    def at(threshold: float) -> dict:
+        if threshold not in tried:
+            tried[threshold] = {"threshold": threshold, **runs.run(build(threshold))}
+        return tried[threshold]
+
+    low, high = 0.0, min(MATCH_FIRST, limit)     # low: calls >= target (threshold 0 computes every step)
+    while at(high)["calls"] > target and high < limit:
+        low, high = high, min(high * 2, limit)
+    if at(high)["calls"] > target:
+        return {"under": None, "over": at(high)}
+    for _ in range(MATCH_ROUNDS):
+        if at(high)["calls"] == target or low == 0.0 and high <= 1e-3:
+            break
+        middle = math.sqrt(low * high) if low > 0 else high / 2
+        if at(middle)["calls"] > target:
+            low = middle
+        else:
+            high = middle
+    under = at(high)
+    over = under if under["calls"] == target else (at(low) if low > 0 else None)
+    return {"under": under, "over": over}
+
+
+def run(seeds: int = 8, step_counts=STEP_COUNTS, models=MODELS, log=print) -> dict:
     import_comfyui()
-    import comfy.sample
-
-    from ..testing import digits_unet
-
-    denoiser = digits_unet.load_or_train(progress=lambda step, loss: log(f"  training: step {step}, loss {loss:.4f}"))
-    base = comfy_model(denoiser)
-    settings = [s for s in _settings(base, log) if s[0] in groups]
-    model_counter = base.model.diffusion_model
-
-    def sample(model, steps, seed):
-        classes = torch.tensor([seed % 10])
-        pos = [[denoiser.context(classes), {}]]
-        neg = [[denoiser.context(torch.tensor([digits_unet.NULL_CLASS])), {}]]
-        noise = torch.randn(1, 4, digits_unet.LATENT, digits_unet.LATENT, generator=torch.Generator().manual_seed(seed))
-        return comfy.sample.sample(model, noise, steps, 4.0, "euler", "normal", pos, neg, torch.zeros_like(noise),
-                                   disable_pbar=True, seed=seed)
-
+    kiln, easycache = _nodes(log)
     rows = []
-    for steps in step_counts:
-        references, uncached_s = {}, {}
-        for group, setting, model in settings:
-            t0 = time.perf_counter()
-            sample(model, steps, seeds)   # untimed: pays this setting's compiles (a seed the timed runs never use)
-            warmup = time.perf_counter() - t0
-            outs, calls, seconds = [], 0, 0.0
-            for seed in range(seeds):
-                before = model_counter.calls
-                t0 = time.perf_counter()
-                outs.append(sample(model, steps, seed))
-                seconds += time.perf_counter() - t0
-                calls += model_counter.calls - before
-            if group == "eager" and setting == "no cache":
-                references = dict(enumerate(outs))
-            if setting == "no cache":
-                uncached_s[group] = seconds
-            quality = [(psnr(out, references[seed]), ssim(out, references[seed])) for seed, out in enumerate(outs)]
-            row = {"steps": steps, "group": group, "setting": setting, "calls": calls / seeds,
-                   **summary(quality),
-                   "seconds": seconds, "speedup": uncached_s[group] / seconds, "warmup_s": warmup}
-            rows.append(row)
-            log(format_row(row))
+    for key in models:
+        bench = BUILDERS[key](log)
+        for steps in step_counts:
+            runs = Runs(bench, steps, seeds)
+            common = {"bench_model": bench.name, "steps": steps}
+
+            def add(setting: str, row: dict, **extra):
+                rows.append({**common, "setting": setting, **{k: v for k, v in row.items() if k != "outs"}, **extra})
+                log(format_row(rows[-1]))
+
+            add("no cache", {"calls": float(steps), "psnr_min": math.inf, "psnr_mean": math.inf, "ssim_min": 1.0,
+                             "ssim_mean": 1.0})
+            default_calls = None
+            for method in KILN_METHODS:
+                row = runs.run(kiln(bench.patcher, method))
+                add(f"kiln {method} default", row, threshold=STEP_CACHE_THRESHOLDS[method])
+                default_calls = row["calls"] if default_calls is None else default_calls
+            pairs = [("first_block", lambda t: kiln(bench.patcher, "first_block", t))]
+            if easycache is not None:
+                add(f"easycache {EASYCACHE_DEFAULT:g} (its default)", runs.run(easycache(bench.patcher, EASYCACHE_DEFAULT)),
+                    threshold=EASYCACHE_DEFAULT)
+                pairs.insert(0, ("easycache", lambda t: easycache(bench.patcher, t)))
+            for name, build in pairs:
+                bracket = matched(runs, build, default_calls, MATCH_LIMITS[name])  # noqa: B023 (called right here)
+                if bracket["over"] is bracket["under"]:
+                    add(f"{name} {bracket['over']['threshold']:.4g} (at the default's calls)", bracket["over"],
+                        matched="equal", matched_to=default_calls)
+                    continue
+                for side in ("over", "under"):
+                    if bracket[side] is not None:
+                        add(f"{name} {bracket[side]['threshold']:.4g} (at or {side} the default's calls)",
+                            bracket[side], matched=side, matched_to=default_calls)
     return {"seeds": seeds, "rows": rows}
 
 
 def format_row(row: dict) -> str:
-    quality = "the reference" if (row["group"], row["setting"]) == ("eager", "no cache") else summary_line(row)
-    return (f"{row['steps']:>3} steps  {row['group']:<13} {row['setting']:<24} {quality:<44} "
-            f"calls {row['calls']:5.1f}  {row['speedup']:.2f}x wall-clock ({row['seconds']:.2f} s; "
-            f"warm-up {row['warmup_s']:.1f} s)")
+    quality = "the reference" if row["setting"] == "no cache" else summary_line(row)
+    return (f"{row['bench_model']:<13} {row['steps']:>3} steps  {row['setting']:<48} {quality:<44} "
+            f"calls {row['calls']:5.2f} ({row['steps'] / row['calls']:.2f}x fewer)")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=8)
-    parser.add_argument("--groups", default="eager,kiln compile,core compile", help="which of the three groups to run")
+    parser.add_argument("--steps", default=",".join(map(str, STEP_COUNTS)), help="step counts, comma-separated")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"some of {', '.join(MODELS)}")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
+    models = tuple(m.strip() for m in args.models.split(","))
+    if any(m not in BUILDERS for m in models):
+        parser.error(f"--models {args.models!r}: use some of {', '.join(MODELS)}")
+    try:
+        steps = tuple(int(s) for s in args.steps.split(","))
+    except ValueError:
+        parser.error(f"--steps {args.steps!r}: use whole numbers separated by commas, such as 20,30")
+    if args.seeds < 1 or any(s < 2 for s in steps):
+        parser.error("--seeds must be at least 1 and --steps at least 2")
     logging.basicConfig(level=logging.WARNING)
     with torch.inference_mode():
-        result = run(args.seeds, groups=tuple(g.strip() for g in args.groups.split(",")),
-                     log=lambda msg: print(msg, flush=True))
+        result = run(args.seeds, steps, models, log=lambda msg: print(msg, flush=True))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -2,15 +2,17 @@
 an SD1.5 checkpoint whose UNet is trained on the digits, with the test checkpoint's CLIP and VAE):
 
     python -m kiln.benchmarks.step_cache_server --server http://127.0.0.1:8188 \\
-        --checkpoint digits_sd15_tiny.safetensors [--seeds 8] [--steps 20,30] [--json PATH]
+        --checkpoint digits_sd15_tiny.safetensors [--seeds 8] [--steps 20,30] \
+        [--groups "eager,kiln compile,core compile"] [--json PATH]
 
 The prompts are the example workflow workflows/api/kiln_sd15_step_cache_api.json at the digits' size
 (64x64: 8x8 latents), euler, normal, CFG 4, "a handwritten digit N" against an empty negative, with its
-model chain rebuilt per setting, in three groups as in step_cache_comfy.py:
-- eager: no cache; Kiln › Step Cache, each method at its default and one more threshold; core's
-  EasyCache at 0.05 and its default;
-- Kiln › Compile UNet: no cache; Kiln › Step Cache, each method at its default and one more threshold;
-- core's TorchCompileModel: no cache; core's EasyCache at 0.05 and its default.
+model chain rebuilt per setting, in three groups:
+- eager: no cache; Kiln › Step Cache, each method at its default (every setting from choices.py:
+  STEP_CACHE_THRESHOLDS, STEP_CACHE_SETTINGS; the default method first); core's EasyCache at
+  EASYCACHE_THRESHOLDS (its default among them);
+- Kiln › Compile UNet: no cache; Kiln › Step Cache, each method at its default;
+- core's TorchCompileModel: no cache; core's EasyCache at EASYCACHE_THRESHOLDS.
 Each prompt's text is encoded once before any timing; each setting runs one untimed prompt first (it
 pays the compiles; reported as warm-up), then one prompt per seed. Per setting: PSNR and SSIM of each image against the eager uncached image of the same seed,
 and the server's own execution time of the prompts (execution_start to execution_success in each
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..choices import STEP_CACHE_METHODS
+from ..choices import DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_METHODS, STEP_CACHE_SETTINGS
 from ..client.comfy import ComfyClient, output_images
 from ..testing.digits_checkpoint import PROMPT
 from ..testing.image_quality import ssim, summary, summary_line
@@ -36,7 +38,7 @@ WORKFLOW = Path(__file__).parents[1] / "workflows" / "api" / "kiln_sd15_step_cac
 CHECKPOINT, COMPILE, CACHE, POSITIVE, NEGATIVE, LATENT, SAMPLER, SAVE = "1", "2", "3", "4", "5", "6", "7", "9"
 SIZE = 64                  # the digits' latents are 8x8
 EASYCACHE_THRESHOLDS = (0.05, 0.2)   # 0.2: core's default
-MORE_THRESHOLDS = (("reuse", 0.03), ("first_block", 0.2))   # each method beside its default
+GROUPS = ("eager", "kiln compile", "core compile")
 
 
 def settings(object_info: dict, mode: str) -> list[tuple[str, str, list[dict]]]:
@@ -46,22 +48,20 @@ def settings(object_info: dict, mode: str) -> list[tuple[str, str, list[dict]]]:
                                                                 "pin_shapes": "", "advanced": ""}}
     core_compile = {"class_type": "TorchCompileModel", "inputs": {"backend": "inductor"}}
 
-    def kiln_cache(method, threshold=-1.0):
-        return {"class_type": "KilnStepCache", "inputs": {"method": method, "threshold": threshold, "start_percent": 0.15,
-                                                          "end_percent": 0.95, "max_consecutive_skips": 2}}
+    def kiln_cache(method):   # the node's defaults, the method's own threshold
+        defaults = {name: default for name, (default, _) in STEP_CACHE_SETTINGS.items()}
+        return {"class_type": "KilnStepCache", "inputs": {**defaults, "method": method, "threshold": METHOD_THRESHOLD}}
 
     def easycache(threshold):
         return {"class_type": "EasyCache", "inputs": {"reuse_threshold": threshold, "start_percent": 0.15,
                                                       "end_percent": 0.95, "verbose": False}}
 
-    methods = list(STEP_CACHE_METHODS)
+    methods = sorted(STEP_CACHE_METHODS, key=lambda m: m != DEFAULT_STEP_CACHE_METHOD)
     rows = [("eager", "no cache", [])]
     rows += [("eager", f"kiln {m} default", [kiln_cache(m)]) for m in methods]
-    rows += [("eager", f"kiln {m} {t:g}", [kiln_cache(m, t)]) for m, t in MORE_THRESHOLDS]
     rows += [("eager", f"easycache {t:g}", [easycache(t)]) for t in EASYCACHE_THRESHOLDS]
     rows += [("kiln compile", "no cache", [kiln_compile])]
     rows += [("kiln compile", f"kiln {m} default", [kiln_compile, kiln_cache(m)]) for m in methods]
-    rows += [("kiln compile", f"kiln {m} {t:g}", [kiln_compile, kiln_cache(m, t)]) for m, t in MORE_THRESHOLDS]
     rows += [("core compile", "no cache", [core_compile])]
     rows += [("core compile", f"easycache {t:g}", [core_compile, easycache(t)]) for t in EASYCACHE_THRESHOLDS]
     return [row for row in rows if all(node["class_type"] in object_info for node in row[2])]
@@ -102,7 +102,7 @@ def _image(path: Path) -> tuple[bytes, torch.Tensor]:
 
 
 def run(client: ComfyClient, checkpoint: str, seeds: int = 8, step_counts=(20, 30), mode: str = "balanced",
-        folder: Path | None = None, log=print) -> dict:
+        folder: Path | None = None, log=print, groups=GROUPS) -> dict:
     base = json.loads(WORKFLOW.read_text())
     folder = Path(folder or tempfile.mkdtemp(prefix="kiln-step-cache-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def run(client: ComfyClient, checkpoint: str, seeds: int = 8, step_counts=(20, 3
     rows = []
     for steps in step_counts:
         references, uncached = {}, {}
-        for group, setting, chain in settings(client.object_info(), mode):
+        for group, setting, chain in [row for row in settings(client.object_info(), mode) if row[0] in groups]:
             _, warmup = queue(chain, steps, seeds)   # a seed the timed prompts never use
             images, seconds = [], 0.0
             for seed in range(seeds):
@@ -150,6 +150,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--steps", default="20,30", help="step counts, comma-separated")
     parser.add_argument("--mode", default="balanced", help="Kiln › Compile UNet's mode")
+    parser.add_argument("--groups", default=",".join(GROUPS), help=f"some of {', '.join(GROUPS)} (eager is the reference)")
     parser.add_argument("--out", type=Path, default=None, help="where the images go (default: a new temporary folder)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
@@ -159,8 +160,11 @@ def main(argv=None) -> int:
         parser.error(f"--steps {args.steps!r}: use whole numbers separated by commas, such as 20,30")
     if args.seeds < 1 or any(s < 1 for s in steps):
         parser.error("--seeds and --steps must be at least 1")
+    groups = tuple(g.strip() for g in args.groups.split(","))
+    if "eager" not in groups or any(g not in GROUPS for g in groups):
+        parser.error(f"--groups {args.groups!r}: use eager and any of {', '.join(GROUPS[1:])}")
     result = run(ComfyClient(args.server), args.checkpoint, args.seeds, steps, args.mode, args.out,
-                 log=lambda msg: print(msg, flush=True))
+                 log=lambda msg: print(msg, flush=True), groups=groups)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -91,13 +91,20 @@ class TexturesDenoiser(torch.nn.Module):
         self.pooled = pooled if pooled is not None else torch.nn.Embedding(NULL_CLASS + 1, config.pooled_projection_dim)
 
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
-        n, _, h, w = x.shape
-        rows, cols = torch.meshgrid(torch.arange(h // 2), torch.arange(w // 2), indexing="ij")
-        img_ids = torch.stack([torch.zeros_like(rows), rows, cols], -1).reshape(-1, 3).to(x.dtype)
-        out = self.transformer(hidden_states=pack(x), encoder_hidden_states=self.token(classes)[:, None],
-                               pooled_projections=self.pooled(classes), timestep=sigma.to(x.dtype),
-                               img_ids=img_ids, txt_ids=torch.zeros(1, 3, dtype=x.dtype), return_dict=False)[0]
-        return unpack(out, h, w)
+        return velocity(self.transformer, x, sigma, self.token(classes)[:, None], self.pooled(classes))
+
+
+def velocity(transformer: Callable, x: torch.Tensor, sigma: torch.Tensor, token: torch.Tensor, pooled: torch.Tensor
+             ) -> torch.Tensor:
+    """The transformer's output for (n, 4, H, W) latents at `sigma`, conditioned on (n, 1, D) `token` states
+    and (n, P) `pooled` vectors, unpacked to the latents' shape."""
+    _, _, h, w = x.shape
+    rows, cols = torch.meshgrid(torch.arange(h // 2), torch.arange(w // 2), indexing="ij")
+    img_ids = torch.stack([torch.zeros_like(rows), rows, cols], -1).reshape(-1, 3).to(x.dtype)
+    out = transformer(hidden_states=pack(x), encoder_hidden_states=token, pooled_projections=pooled,
+                      timestep=sigma.to(x.dtype), img_ids=img_ids, txt_ids=torch.zeros(1, 3, dtype=x.dtype),
+                      return_dict=False)[0]
+    return unpack(out, h, w)
 
 
 def cache_path(cache_dir: Optional[Path] = None) -> Path:

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from kiln.benchmarks import step_cache_server as bench
+from kiln.choices import DEFAULT_STEP_CACHE_METHOD, METHOD_THRESHOLD, STEP_CACHE_SETTINGS
 
 BASE = json.loads(bench.WORKFLOW.read_text())
 EVERY_NODE = {name: {} for name in ("KilnStepCache", "KilnCompileUNet", "EasyCache", "TorchCompileModel")}
@@ -17,14 +18,22 @@ def test_each_setting_puts_its_chain_between_the_checkpoint_and_the_sampler():
     assert bench.COMPILE not in out and bench.CACHE not in out
     assert out["chain0"]["class_type"] == "KilnCompileUNet" and out["chain0"]["inputs"]["model"] == [bench.CHECKPOINT, 0]
     assert out["chain0"]["inputs"]["mode"] == "fast"
-    assert out["chain1"]["inputs"] == {"method": "first_block", "threshold": -1.0, "start_percent": 0.15,
-                                       "end_percent": 0.95, "max_consecutive_skips": 2, "model": ["chain0", 0]}
+    defaults = {name: default for name, (default, _) in STEP_CACHE_SETTINGS.items()}   # the node's own defaults
+    assert out["chain1"]["inputs"] == {**defaults, "method": "first_block", "threshold": METHOD_THRESHOLD,
+                                       "model": ["chain0", 0]}
     sampler = out[bench.SAMPLER]["inputs"]
     assert sampler["model"] == ["chain1", 0] and (sampler["seed"], sampler["steps"], sampler["cfg"]) == (13, 30, 4.0)
     assert out[bench.POSITIVE]["inputs"]["text"] == "a handwritten digit 3" and out[bench.NEGATIVE]["inputs"]["text"] == ""
     assert out[bench.CHECKPOINT]["inputs"]["ckpt_name"] == "digits.safetensors"
     assert bench.prompt(BASE, [], "d", 20, 0)[bench.SAMPLER]["inputs"]["model"] == [bench.CHECKPOINT, 0]
     assert BASE[bench.CACHE]["class_type"] == "KilnStepCache"   # the workflow is as the bench reads it
+
+
+def test_every_kiln_setting_is_a_method_at_the_defaults_the_default_method_first():
+    rows = bench.settings(EVERY_NODE, "fast")
+    kiln = [(group, setting) for group, setting, _ in rows if setting.startswith("kiln")]
+    assert kiln[0] == ("eager", f"kiln {DEFAULT_STEP_CACHE_METHOD} default")
+    assert all(setting.endswith(" default") for _, setting in kiln)
 
 
 def test_settings_the_server_lacks_are_left_out():

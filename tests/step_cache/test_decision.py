@@ -249,3 +249,29 @@ def test_method_forecast_answers_with_the_order_that_predicted_the_run_s_compute
 def test_a_workflow_s_error_budget_out_of_bounds_or_not_a_number_is_refused_naming_the_field(budget):
     with pytest.raises(StepCacheError, match=r"^step_cache\.error_budget="):
         StepCacheOptions(error_budget=budget)
+
+
+def test_given_the_run_s_timesteps_the_window_counts_steps_not_the_timestep_s_value():
+    # a flow model's shifted sigmas (shift 3): the first steps crowd near sigma 1, so by the timestep's value
+    # (1 - sigma) a start_percent of 0.2 is reached only at step 9 of 20; by steps, at step 4
+    s = torch.linspace(1, 0, 21)
+    sigmas = (3 * s / (1 + 2 * s))[:-1]
+    options = {"threshold": 10, "error_budget": 10, "start_percent": 0.2, "end_percent": 0.9,
+               "max_consecutive_skips": 100}
+    by_value = step_cached(Settling(), options, num_train_timesteps=1)
+    by_steps = step_cached(Settling(), options, num_train_timesteps=1, timesteps=sigmas)
+    for model in (by_value, by_steps):
+        x = torch.ones(1, 4)
+        for sigma in sigmas:
+            x = model(x, sigma.reshape(1))
+    steps, value = by_steps.report().patterns["all"], by_value.report().patterns["all"]
+    assert steps.index("s") == 4 and steps.endswith("CC") and len(steps) == 20  # steps 4 to 17 may skip (18 / 20 = 0.9)
+    assert value.index("s") == 9
+    assert [by_steps.progress(float(t)) for t in sigmas[[0, 4, -1]]] == [0.0, 0.2, 1.0]
+
+
+@pytest.mark.parametrize("timesteps, words", [([], "1 to 10000"), ([1.0, float("nan")], "non-finite")])
+def test_bad_timesteps_are_refused_by_name(timesteps, words):
+    with pytest.raises(StepCacheError, match="timesteps") as error:
+        step_cached(Settling(), timesteps=timesteps)
+    assert words in str(error.value)
