@@ -131,7 +131,6 @@ class KilnApplyModel:
                 show_text(self.show_cache_on, "\n".join(e.line() for e in stats.cache[cache:]))
             show_compiles_since(self.show_compile_on, stats, compiles)
 
-
     def _use_memory(self, base_model, kiln_model) -> None:
         """Tell the Kiln model how ComfyUI loaded it for this call (nodes/partial_load.py): under a partial load
         the blocks ComfyUI streams run eagerly; a new reason is shown on the Compile UNet node."""
