@@ -1,5 +1,7 @@
-"""The step cache through a running ComfyUI server, on the digits checkpoint (testing/digits_checkpoint.py:
-an SD1.5 checkpoint whose UNet is trained on the digits, with the test checkpoint's CLIP and VAE):
+"""The step cache through a running ComfyUI server, on the digits checkpoint.
+
+The checkpoint (testing/digits_checkpoint.py) is an SD1.5 checkpoint whose UNet is trained on the digits,
+with the test checkpoint's CLIP and VAE:
 
     python -m kiln.benchmarks.step_cache_server --server http://127.0.0.1:8188 \\
         --checkpoint digits_sd15_tiny.safetensors [--seeds 8] [--steps 20,30] \
