@@ -94,17 +94,17 @@ def test_comfyuis_fp8_matmul_layers_compile_through_their_traceable_stand_in(flo
     (nodes/comfy_layers.py): every region compiles, none is kept eager, and the image is the eager one."""
     import comfy.model_management
 
-    import kiln.kernels.quant as quant_kernels
+    import kiln.compiler
     from kiln.nodes import comfy_layers
 
     traced = []
-    real = quant_kernels.tensorwise_fp8_linear
+    real = kiln.compiler.tensorwise_fp8_linear  # what nodes/comfy_layers.py calls
 
     def counted(*args, **kwargs):
         traced.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(quant_kernels, "tensorwise_fp8_linear", counted)
+    monkeypatch.setattr(kiln.compiler, "tensorwise_fp8_linear", counted)
     monkeypatch.setattr(comfy.model_management, "SUPPORT_FP8_OPS", True)
     path = tmp_path / "unet_fp8_compute.safetensors"
     safetensors.torch.save_file(comfy_quantized(float_unet, "float8_e4m3fn"), str(path))
