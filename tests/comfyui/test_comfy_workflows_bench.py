@@ -28,9 +28,11 @@ def test_a_minimal_row_and_kilns_checks(tmp_path):
     checks = {c["check"]: c for c in result["checks"]}
     assert set(checks) == {"LoRA after Kiln at 0.5", "LoRA after Kiln at 1", "second resolution", "batch 2",
                            "ControlNet in the chain", "attention patch after Kiln"}
-    for check in checks.values():   # the right image, nothing recompiled
+    for check in checks.values():   # the right image; nothing recompiled but for a patch that changes a block's code
         assert check["psnr_db"] == "identical" or check["psnr_db"] >= 40, check
-        assert check["new_recompiles"] == 0, check
+        assert check["fallback"] is None, check
+        if check["check"] != "attention patch after Kiln":   # a graph per region it reaches, where regions compiled
+            assert check["new_recompiles"] == 0, check
     assert (tmp_path / result_file.name.replace(".json", ".log")).read_text().count("check ") == len(checks)
 
 
