@@ -73,7 +73,7 @@ class CountedDiffusionModel(torch.nn.Module):
         # a copy, as the cast to a half-precision model's dtype makes on a GPU: in fp32 ComfyUI hands a flow
         # model the sampler's own latents (CONST.calculate_input returns them, and .to(float32) keeps them),
         # and core's EasyCache adds its cached change to its input in place, which then also changed the
-        # latents ComfyUI computes the denoised output from (measured on the textures transformer: -4.7 dB)
+        # latents ComfyUI computes the denoised output from (docs/measurements/2026-12-02-step-cache-by-steps.md)
         x = x.clone()
         return ext.WrapperExecutor.new_class_executor(
             self._forward, self, ext.get_all_wrappers(ext.WrappersMP.DIFFUSION_MODEL, transformer_options)
