@@ -16,17 +16,13 @@ def _count(module, type_name):
 
 @pytest.fixture(scope="module")
 def sd15():
-    """Tiny SD1.5 UNet with the classic attention processor, compiled once through Inductor by blocks
-    with every pass forced on and every region lowered whatever it measures (which regions stay
-    compiled: tests/regional/test_region_choice.py), its sizes all dynamic. One compile proves every
-    rewrite lowers in a region's graph (a block's float attributes, a norm's eps, stay constants).
-    Each pass's count of every instance in one whole graph: tests/passes/ (and
-    test_sdxl_fast_mode_all_passes, every pass in one whole UNet graph)."""
-    from diffusers.models.attention_processor import AttnProcessor
-
+    """Tiny SD1.5 UNet compiled once through Inductor by blocks with every pass forced on and every
+    region lowered whatever it measures (which regions stay compiled: tests/regional/test_region_choice.py),
+    its sizes all dynamic. One compile proves every rewrite lowers in a region's graph (a block's float
+    attributes, a norm's eps, stay constants). Each pass's count of every instance in one whole graph:
+    tests/passes/ (and test_sdxl_fast_mode_all_passes, every pass in one whole UNet graph)."""
     spec = MODELS["sd15"]
     unet = spec.build("tiny")
-    unet.set_attn_processor(AttnProcessor())
     args, kwargs = spec.inputs(unet, batch=2)
     compiled = kiln.compile(unet, options=kiln.CompileOptions(mode="balanced", passes=ALL_ON, compile_unit="blocks",
                                                               measure_regions=False))
@@ -50,8 +46,11 @@ def test_sd15_matches_eager_and_every_pass_fired(sd15):
     # by blocks a count is of the regions' graphs: the blocks one region holds share its one graph
     counts = dict(info.pass_counts)
     assert counts.pop("fuse_adaln_modulation") == 0  # a UNet's LayerNorms feed attention, unmodulated
-    assert counts.keys() == {"choose_attention_backend", "canonicalize_attention", "fuse_geglu",
-                             "fuse_group_norm_silu", "channels_last_convs"} and all(counts.values()), counts
+    # diffusers' default attention processor calls SDPA already (the classic one's rewrite:
+    # tests/passes/test_canonicalize_attention.py)
+    assert counts.pop("canonicalize_attention") == 0
+    assert counts.keys() == {"choose_attention_backend", "fuse_geglu", "fuse_group_norm_silu",
+                             "channels_last_convs"} and all(counts.values()), counts
 
 
 @pytest.mark.slow
