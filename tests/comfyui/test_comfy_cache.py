@@ -21,11 +21,16 @@ from testing_utils import rel_err  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
+# every region lowered, whatever it measures: which regions stay compiled on a CPU turns on timings a few
+# percent apart, and these tests are about what the cache stores and loads (tests/regional: the choice)
+ADVANCED = "measure_regions: false"
+
+
 def kiln_nodes(base, cache_dir, cache_first=True):
     if cache_first:
         cached, report = KilnCacheGraph().cache(base, "use", str(cache_dir), unique_id="13")
-        return KilnCompileUNet().compile(cached, mode="balanced")[0], report
-    compiled = KilnCompileUNet().compile(base, mode="balanced")[0]
+        return KilnCompileUNet().compile(cached, mode="balanced", advanced=ADVANCED)[0], report
+    compiled = KilnCompileUNet().compile(base, mode="balanced", advanced=ADVANCED)[0]
     return KilnCacheGraph().cache(compiled, "use", str(cache_dir), unique_id="13")
 
 
@@ -71,8 +76,7 @@ def test_a_cold_compile_stores_the_unets_graph(cold):
     events = stats(model).cache
     assert events and events[0].outcome == "miss" and events[0].entry_bytes > 0
     assert rel_err(out, sample(base)) < 1e-4
-    # compiled by blocks: one entry per region lowered (not those with nothing to fuse, nor those not compiled
-    # after their class's first regions measured no faster)
+    # compiled by blocks: one entry per region lowered (not those with nothing to fuse)
     lowered = sum(c.lowering != "eager" for c in stats(model).compiles)
     assert [e.outcome for e in events] == ["miss"] * lowered, stats(model).summary()
     assert f"{lowered} for UNetModel" in KilnCacheGraph().cache(base, "use", str(cache_dir))[1]
@@ -86,7 +90,7 @@ def test_another_model_of_the_architecture_loads_it_and_samples_like_eager(cold,
     model, _ = kiln_nodes(other, cache_dir)
     out = sample(model)
     events = stats(model).cache
-    # compiled by blocks: a hit per region lowered; a region measured no faster is never captured again
+    # compiled by blocks: a hit per region lowered
     regions = [c.region for c in stats(model).compiles if c.lowering != "eager"]
     assert regions and [e.outcome for e in events] == ["hit"] * len(regions), stats(model).summary()
     # the Cache Graph node (id 13) shows them in ComfyUI's UI, in one message, though Compile UNet was declared after it
