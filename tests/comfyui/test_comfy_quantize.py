@@ -33,9 +33,9 @@ BOUND = {"int8_weight": 1e-3, "int8_dynamic": 1e-3, "fp8_e4m3": 1e-3, "int8_tens
 # fp8_e4m3's bound is wider because its activations are quantized per row as on the GPU (W8A8): the rounding
 # of the activations, different in the two runs, does not cancel in their difference
 LORA_BOUND = {"int8_weight": 0.06, "fp8_e4m3": 0.3}
-# Stock ComfyUI on a CPU runs Kiln's fp8 file with its weights (Kiln's, dequantized: checked exactly) and its
-# activations unquantized, where Kiln's fp8_e4m3 rounds them to fp8 per row (W8A8): the two samples differ by
-# that rounding of the activations, which this bounds (max error relative to the max magnitude, as BOUND)
+# Stock ComfyUI runs Kiln's fp8 file with Kiln's very weights (checked exactly), but its own layers: Kiln's
+# fp8_e4m3 also rounds the activations to fp8 per row (W8A8), so the two samples may differ by that rounding,
+# which this bounds (max error relative to the max magnitude, as BOUND)
 STOCK_FP8_BOUND = 0.05
 
 
