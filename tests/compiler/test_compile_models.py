@@ -20,7 +20,7 @@ def sd15():
     region lowered whatever it measures (which regions stay compiled: tests/regional/test_region_choice.py),
     its sizes all dynamic. One compile proves every rewrite lowers in a region's graph (a block's float
     attributes, a norm's eps, stay constants). Each pass's count of every instance in one whole graph:
-    tests/passes/ (and test_sdxl_fast_mode_all_passes, every pass in one whole UNet graph)."""
+    tests/passes/, and test_sdxl_fast_mode_all_passes (GEGLU's, with every pass on in one whole UNet graph)."""
     spec = MODELS["sd15"]
     unet = spec.build("tiny")
     args, kwargs = spec.inputs(unet, batch=2)
