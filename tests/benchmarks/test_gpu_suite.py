@@ -132,8 +132,9 @@ def test_flop_count_is_the_matmul_count():
 
 @pytest.mark.slow
 def test_quantized_variants_run_and_report_their_weights(tmp_path):
-    """On the VAE decoder: its convolutions and its attention's linear layers are quantized, and it compiles
-    in about half the tiny SD3's time. A quantized transformer through Inductor: tests/quantize/test_quantize_models.py."""
+    """On the VAE decoder (its convolutions and its attention's linear layers quantized), cheaper to compile than
+    the tiny SD3: the suite's quantized path is what is checked here. A quantized transformer through
+    Inductor: tests/quantize/test_quantize_models.py."""
     code = gpu_suite.main(["--tiny", "--cases", "vae-decode-tiny", "--variants", "eager,kiln balanced + int8_dynamic",
                            "--out", str(tmp_path)])
     assert code == 0
