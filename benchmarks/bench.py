@@ -25,8 +25,8 @@ import torch
 
 from ..choices import COMPILE_UNITS
 from ..testing.models import MODELS, SIZES
-from .side_by_side import (DTYPES, default_size_and_dtype, own_code, print_and_save, sync, time_interleaved,
-                           warm_up_compiler)
+from .side_by_side import (DTYPES, default_size_and_dtype, own_code, own_inputs, print_and_save, sync,
+                           time_interleaved, warm_up_compiler)
 
 
 @dataclass
@@ -87,13 +87,15 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
     calls: dict[str, Callable] = {}
     with torch.inference_mode():
         reference = None
+        inputs = {}
         for name, fn in _variants(module, list(modes), dynamic, tuple(units), all_regions, device).items():
             row = rows[name] = Row(name)
+            inputs[name] = own_inputs(args, kwargs)
             try:
                 sync(device)
                 with fresh_inductor_cache():
                     start, hits = time.perf_counter(), inductor_cache_hits()
-                    out = fn(*args, **kwargs)[0]
+                    out = fn(*inputs[name][0], **inputs[name][1])[0]
                     sync(device)
                     row.compile_s = time.perf_counter() - start
                 row.compile_cached = inductor_cache_hits() > hits
@@ -110,7 +112,7 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
             except Exception as exc:  # noqa: BLE001  a failing variant is recorded, the rest still run
                 row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                 log(f"  {name}: FAILED {row.error}")
-        times = time_interleaved(calls, args, kwargs, device, rounds, steps)
+        times = time_interleaved(calls, inputs, device, rounds, steps)
     eager_ms = statistics.median(times["eager"]) if times.get("eager") else None
     for name, samples in times.items():
         rows[name].step_ms = statistics.median(samples)

@@ -36,7 +36,7 @@ from ..choices import DEFAULT_SCHEME
 from ..compiler.passes import PASSES
 from .kernel_timing import median_ms
 from ..testing.models import MODELS
-from .side_by_side import sync, warm_up_compiler
+from .side_by_side import own_inputs, sync, warm_up_compiler
 from ..compiler.torch_compat.inductor import fresh_inductor_cache
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -254,18 +254,20 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
              on_row=lambda result: None, kernel_tables: Optional[Path] = None) -> list[Result]:
     """Every variant's row for one case, in the order given, then eager's again; `on_row` gets each row
     as it ends (the suite writes its results file then: a run cut short by a time limit keeps the rows
-    it finished). Each variant compiles in a fresh Inductor and Triton cache; its error is scored on
-    an output of a call after its timing (a replay, where it records CUDA graphs), copied at once; its
-    speed against the eager row's, wherever that row stands. `kernel_tables`: a folder for each row's
+    it finished). Each variant compiles in a fresh Inductor and Triton cache and is called on inputs of its
+    own (side_by_side.own_inputs); its error is scored on an output of a call after its timing (a replay,
+    where it records CUDA graphs), copied at once; its speed against the eager row's, wherever that row
+    stands. `kernel_tables`: a folder for each row's
     torch.profiler kernel table (table_path), written with its busy time on a CUDA device."""
-    module, args, kwargs = build_case(case, device, size)
+    module, case_args, case_kwargs = build_case(case, device, size)
     results, eager_ms = [], None
     with torch.inference_mode():
-        flops = model_flops(lambda: module(*args, **kwargs))
-        reference = module(*args, **kwargs)[0].float().clone()  # eager's output, untimed
+        flops = model_flops(lambda: module(*case_args, **case_kwargs))
+        reference = module(*case_args, **case_kwargs)[0].float().clone()  # eager's output, untimed
     for name in variants:
         result = Result(case.name, name)
         results.append(result)
+        args, kwargs = own_inputs(case_args, case_kwargs)
         try:
             with fresh_inductor_cache():
                 runner = VARIANTS[name](module)
@@ -311,7 +313,8 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
         for result in results:  # against eager, wherever its row stood (written with the next row)
             if result.ms is not None:
                 result.speedup = eager_ms / result.ms
-        results.append(eager_again(case, module, args, kwargs, device, reps, eager_ms, reference, flops, ceiling, log))
+        results.append(eager_again(case, module, *own_inputs(case_args, case_kwargs), device, reps, eager_ms, reference,
+                                   flops, ceiling, log))
         on_row(results[-1])
         log(f"{case.name:<18} speed against eager: " + ", ".join(f"{r.variant} {r.speedup:.2f}x" for r in results
                                                                    if r.speedup is not None))

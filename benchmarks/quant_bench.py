@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from .side_by_side import DTYPES, own_code, sync, time_interleaved, warm_up_compiler
+from .side_by_side import DTYPES, own_code, own_inputs, sync, time_interleaved, warm_up_compiler
 from ..testing.models import MODELS
 
 
@@ -47,12 +47,14 @@ def run_quant_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu",
     rows, calls = {}, {}
     with torch.inference_mode():
         reference = None
+        inputs = {}
         for name, (fn, mib, scheme) in variants.items():
             row = rows[name] = {"variant": name, "scheme": scheme, "weight_mib": round(mib, 2), "error": None}
+            inputs[name] = own_inputs(args, kwargs)
             try:
                 sync(device)
                 start = time.perf_counter()
-                out = fn(*args, **kwargs)[0].float()
+                out = fn(*inputs[name][0], **inputs[name][1])[0].float()
                 sync(device)
                 row["first_call_s"] = time.perf_counter() - start
                 reference = out if reference is None else reference
@@ -62,7 +64,7 @@ def run_quant_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu",
             except Exception as exc:  # noqa: BLE001  a failing variant is recorded, the rest still run
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                 log(f"  {name}: FAILED {row['error']}")
-        times = time_interleaved(calls, args, kwargs, device, rounds, steps)
+        times = time_interleaved(calls, inputs, device, rounds, steps)
     eager_ms = statistics.median(times["eager"])
     for name, samples in times.items():
         rows[name]["step_ms"] = statistics.median(samples)

@@ -82,13 +82,26 @@ def own_code(module: torch.nn.Module, tag: str) -> torch.nn.Module:
     return wrapper
 
 
-def time_interleaved(calls: dict[str, Callable], args, kwargs, device: str, rounds: int, steps: int) -> dict[str, list[float]]:
-    """ms per call of each variant, one sample per round; rounds interleave the variants, in an
-    order reversed every other round so no variant always runs first (or right after another)."""
+def own_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A variant's own copy of the step's inputs. Every variant is called on its own tensors: Kiln marks
+    the sizes of the tensors a compiled model is called with dynamic, on the tensors themselves
+    (compiler/shapes/inputs.py), and a torch.compile called on those tensors afterwards would compile
+    a dynamic graph (or compile again) where on tensors of its own it compiles a static one."""
+    from ..compiler.regional.region_choice import fresh_copies
+
+    return fresh_copies(args, kwargs)
+
+
+def time_interleaved(calls: dict[str, Callable], inputs: dict[str, tuple[tuple, dict]], device: str, rounds: int,
+                     steps: int) -> dict[str, list[float]]:
+    """ms per call of each variant on its own inputs (`inputs[name]`: args, kwargs), one sample per
+    round; rounds interleave the variants, in an order reversed every other round so no variant
+    always runs first (or right after another)."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     order = list(calls.items())
     for round_index in range(rounds):
         for name, fn in (order if round_index % 2 == 0 else order[::-1]):
+            args, kwargs = inputs[name]
             fn(*args, **kwargs)  # warm
             sync(device)
             start = time.perf_counter()
