@@ -257,8 +257,8 @@ def run_case(case: Case, variants: list[str], device: str, size: str, reps: int,
     it finished). Each variant compiles in a fresh Inductor and Triton cache and is called on inputs of its
     own (side_by_side.own_inputs); its error is scored on an output of a call after its timing (a replay,
     where it records CUDA graphs), copied at once; its speed against the eager row's, wherever that row
-    stands. `kernel_tables`: a folder for each row's
-    torch.profiler kernel table (table_path), written with its busy time on a CUDA device."""
+    stands. `kernel_tables`: a folder for each row's torch.profiler kernel table (table_path), written
+    with its busy time on a CUDA device."""
     module, case_args, case_kwargs = build_case(case, device, size)
     results, eager_ms = [], None
     with torch.inference_mode():
