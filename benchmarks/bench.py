@@ -90,12 +90,12 @@ def run_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu", dtype
         inputs = {}
         for name, fn in _variants(module, list(modes), dynamic, tuple(units), all_regions, device).items():
             row = rows[name] = Row(name)
-            inputs[name] = own_inputs(args, kwargs)
+            own_args, own_kwargs = inputs[name] = own_inputs(args, kwargs)
             try:
                 sync(device)
                 with fresh_inductor_cache():
                     start, hits = time.perf_counter(), inductor_cache_hits()
-                    out = fn(*inputs[name][0], **inputs[name][1])[0]
+                    out = fn(*own_args, **own_kwargs)[0]
                     sync(device)
                     row.compile_s = time.perf_counter() - start
                 row.compile_cached = inductor_cache_hits() > hits

@@ -50,11 +50,11 @@ def run_quant_bench(model: str = "sd15", size: str = "cpu", device: str = "cpu",
         inputs = {}
         for name, (fn, mib, scheme) in variants.items():
             row = rows[name] = {"variant": name, "scheme": scheme, "weight_mib": round(mib, 2), "error": None}
-            inputs[name] = own_inputs(args, kwargs)
+            own_args, own_kwargs = inputs[name] = own_inputs(args, kwargs)
             try:
                 sync(device)
                 start = time.perf_counter()
-                out = fn(*inputs[name][0], **inputs[name][1])[0].float()
+                out = fn(*own_args, **own_kwargs)[0].float()
                 sync(device)
                 row["first_call_s"] = time.perf_counter() - start
                 reference = out if reference is None else reference
