@@ -5,8 +5,10 @@ custom node pack and the model files the workflows name made from random-weight 
   and Kiln's, every required input, link types, model files), and every UI file converts to its API
   twin with those definitions (and, where Chromium and selenium are installed, in ComfyUI's own
   frontend, as a drag-and-drop does);
-- the SD1.5 workflows run (slow): tiny sizes, 2 steps, Kiln in mode fast, images saved, and the
-  compiled UNet's image equals the one the same workflow gives without Kiln's nodes.
+- every SD1.5 workflow runs (slow): tiny sizes, 2 steps, Kiln in mode fast, images saved, and the
+  compiled UNet's image equals the one the same workflow gives without Kiln's compile nodes (Quantize
+  Model and Step Cache stay in both); the file Save Quantized Model's workflow writes is the one Load
+  Quantized Model's workflow reads.
 
 Runs when COMFYUI_PATH points at a ComfyUI tree whose models folder holds an SD1.5 checkpoint
 `checkpoints/rand_sd15_tiny.safetensors` and a LoRA for it `loras/rand_lora_tiny.safetensors` (random
@@ -187,7 +189,9 @@ def test_every_templates_browser_entry_opens_as_a_graph(frontend):
 
 SMALL = {"EmptyLatentImage": {"width": 192, "height": 192}, "ImageScale": {"width": 224, "height": 160}}
 RUN = ["kiln_sd15_compile", "kiln_sd15_lora", "kiln_sd15_cache", "kiln_sd15_controlnet", "kiln_sd15_img2img",
-       "kiln_sd15_all"]
+       "kiln_sd15_all", "kiln_sd15_quantize", "kiln_sd15_step_cache"]
+SAVE, LOAD = "kiln_sd15_save_quantized", "kiln_sd15_load_quantized"  # the second reads what the first writes
+SAVED_AS = "kiln/saved_by_the_test"  # in the server's diffusion_models: a name no stand-in of make_base_dir takes
 
 
 def small(api: dict) -> dict:
@@ -216,21 +220,49 @@ def run(client: ComfyClient, prompt: dict, url: str) -> bytes:
         return response.read()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stem", RUN)
-def test_an_sd15_workflow_runs_and_gives_the_image_it_gives_without_kiln(server, stem):
+def assert_the_image_it_gives_without_kiln(url: str, api: dict, stem: str) -> None:
+    """`api` gives one image, and within 40 dB PSNR of the one it gives without Kiln's compile nodes."""
     import io
 
     import numpy as np
     from PIL import Image
 
-    url, _, _ = server
-    api = small(json.loads((FOLDER / "api" / f"{stem}_api.json").read_text()))
     client = ComfyClient(url, timeout=900)
     kiln_png, eager_png = run(client, api, url), run(client, without_nodes(api, KILN_COMPILE_NODES), url)
     kiln_image, eager_image = (np.asarray(Image.open(io.BytesIO(png)), dtype=np.float64) for png in (kiln_png, eager_png))
     mse = ((kiln_image - eager_image) ** 2).mean()
     assert mse == 0 or 10 * np.log10(255 ** 2 / mse) >= 40, f"{stem}: PSNR {10 * np.log10(255 ** 2 / mse):.1f} dB"
+
+
+def with_inputs(api: dict, class_type: str, **inputs) -> dict:
+    """`api` with `inputs` set on its one node of `class_type`."""
+    (node,) = [node for node in api.values() if node["class_type"] == class_type]
+    node["inputs"].update(inputs)
+    return api
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", RUN)
+def test_an_sd15_workflow_runs_and_gives_the_image_it_gives_without_kiln(server, stem):
+    url, _, _ = server
+    assert_the_image_it_gives_without_kiln(url, small(json.loads((FOLDER / "api" / f"{stem}_api.json").read_text())),
+                                           stem)
+
+
+@pytest.mark.slow
+def test_the_saved_quantized_model_loads_in_its_workflow_and_gives_the_image_it_gives_without_kiln(server):
+    from kiln.nodes.quantize_model import saved_by_kiln
+
+    url, _, base = server
+    save = with_inputs(small(json.loads((FOLDER / "api" / f"{SAVE}_api.json").read_text())), "KilnSaveQuantizedModel",
+                       filename=SAVED_AS)
+    client = ComfyClient(url, timeout=900)
+    record = client.wait(client.submit(save))
+    saved = base / "models" / "diffusion_models" / f"{SAVED_AS}.safetensors"
+    assert saved_by_kiln(str(saved)), (saved, record["outputs"])
+    load = with_inputs(small(json.loads((FOLDER / "api" / f"{LOAD}_api.json").read_text())), "KilnLoadQuantizedModel",
+                       unet_name=f"{SAVED_AS}.safetensors")
+    assert_the_image_it_gives_without_kiln(url, load, LOAD)
 
 
 
