@@ -221,7 +221,7 @@ def run(client: ComfyClient, prompt: dict, url: str) -> bytes:
 
 
 def assert_the_image_it_gives_without_kiln(url: str, api: dict, stem: str) -> None:
-    """`api` gives one image, and within 40 dB PSNR of the one it gives without Kiln's compile nodes."""
+    """`api` gives one image, which matches to 40 dB PSNR or better the one it gives without Kiln's compile nodes."""
     import io
 
     import numpy as np
