@@ -211,6 +211,11 @@ def small(api: dict) -> dict:
     return out
 
 
+def small_workflow(stem: str) -> dict:
+    """The API twin of workflows/<stem>.json, made small."""
+    return small(json.loads((FOLDER / "api" / f"{stem}_api.json").read_text()))
+
+
 def run(client: ComfyClient, prompt: dict, url: str) -> bytes:
     record = client.wait(client.submit(prompt))
     images = [image for output in record["outputs"].values() for image in output.get("images", [])]
@@ -245,8 +250,7 @@ def with_inputs(api: dict, class_type: str, **inputs) -> dict:
 @pytest.mark.parametrize("stem", RUN)
 def test_an_sd15_workflow_runs_and_gives_the_image_it_gives_without_kiln(server, stem):
     url, _, _ = server
-    assert_the_image_it_gives_without_kiln(url, small(json.loads((FOLDER / "api" / f"{stem}_api.json").read_text())),
-                                           stem)
+    assert_the_image_it_gives_without_kiln(url, small_workflow(stem), stem)
 
 
 @pytest.mark.slow
@@ -254,16 +258,13 @@ def test_the_saved_quantized_model_loads_in_its_workflow_and_gives_the_image_it_
     from kiln.nodes.quantize_model import saved_by_kiln
 
     url, _, base = server
-    save = with_inputs(small(json.loads((FOLDER / "api" / f"{SAVE}_api.json").read_text())), "KilnSaveQuantizedModel",
-                       filename=SAVED_AS)
+    save = with_inputs(small_workflow(SAVE), "KilnSaveQuantizedModel", filename=SAVED_AS)
     client = ComfyClient(url, timeout=900)
     record = client.wait(client.submit(save))
     saved = base / "models" / "diffusion_models" / f"{SAVED_AS}.safetensors"
     assert saved_by_kiln(str(saved)), (saved, record["outputs"])
-    load = with_inputs(small(json.loads((FOLDER / "api" / f"{LOAD}_api.json").read_text())), "KilnLoadQuantizedModel",
-                       unet_name=f"{SAVED_AS}.safetensors")
+    load = with_inputs(small_workflow(LOAD), "KilnLoadQuantizedModel", unet_name=f"{SAVED_AS}.safetensors")
     assert_the_image_it_gives_without_kiln(url, load, LOAD)
-
 
 
 @pytest.mark.slow
